@@ -1,0 +1,48 @@
+"""Jinja filters for the roles.  Thin wrappers: the logic lives in the deployer package."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from deployer import serve
+from deployer.ansible_plugins.module_utils import vllm_logs
+
+
+def parse_gpu_csv(text):
+    """``nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader`` -> list of dicts."""
+    gpus = []
+    for line in (text or "").splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3 or not parts[0]:
+            continue
+        mem = parts[1].split()[0] if parts[1] else "0"
+        gpus.append({"name": parts[0], "memory_mib": int(mem) if mem.isdigit() else 0, "driver": parts[2]})
+    return gpus
+
+
+def version_tuple(v):
+    out = []
+    for p in str(v).split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return out
+
+
+def content_hash(value, length=12):
+    """Stable short hash of any JSON-able value (release ids, env hashes)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:length]
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "vllm_serve_argv": serve.build_serve_argv,
+            "systemd_exec_quote": serve.systemd_exec_quote,
+            "systemd_exec_start": serve.exec_start,
+            "systemd_env_quote": serve.systemd_env_quote,
+            "parse_gpu_csv": parse_gpu_csv,
+            "version_tuple": version_tuple,
+            "content_hash": content_hash,
+            "spec_decode_stats": vllm_logs.spec_decode_stats,
+            "spec_decode_delta": vllm_logs.spec_decode_delta,
+        }

@@ -1,0 +1,269 @@
+# -*- coding: utf-8 -*-
+"""vLLM start-up log parser: which load phase the server is in, how far, and whether it died.
+
+Pure and standard-library only: used on the host by the ``vllm_watch`` module and on
+the controller by the CLI and tests.  Formats: shared/reference/kimi-eagle3-serving.md §5.
+tqdm bars are written with ``\\r``; feed raw chunks to ``split_lines`` first.
+Unknown lines never raise; they are ignored.
+"""
+from __future__ import annotations
+
+import re
+
+PHASES = ("starting", "weights", "drafter", "compile", "kv_cache", "graphs", "api", "ready")
+PHASE_TITLES = {
+    "starting": "starting", "weights": "loading weights", "drafter": "loading drafter",
+    "compile": "torch.compile", "kv_cache": "KV cache sizing", "graphs": "CUDA graph capture",
+    "api": "API server starting", "ready": "ready",
+}
+
+_PREFIX = re.compile(r"^(?:\((?:[A-Za-z_]+[A-Za-z0-9_]*)(?: [^)]*)?\)\s+)?")
+RX = {
+    "start": re.compile(r"Starting to load model (\S+?)\.{0,3}$"),
+    "shards": re.compile(r"Loading safetensors [^:]*?:\s+(\d+)% Completed \| (\d+)/(\d+)"),
+    "weights_took": re.compile(r"Loading weights took ([\d.]+) seconds"),
+    "drafter": re.compile(r"Loading drafter model"),
+    "model_took": re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"),
+    "compile": re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total|Dynamo bytecode transform time|"
+                          r"Using cache directory: .*torch_compile_cache"),
+    "kv": re.compile(r"GPU KV cache size: ([\d,]+) tokens|Available KV cache memory: ([\d.]+) GiB"),
+    "graphs": re.compile(r"Capturing CUDA graphs \(([^)]*)\):\s+(\d+)%.*?(\d+)/(\d+)"),
+    "graphs_done": re.compile(r"Graph capturing finished in (\d+) secs"),
+    "engine": re.compile(r"init engine \(.*?\) took ([\d.]+) s"),
+    "api": re.compile(r"Starting vLLM (?:API )?server"),
+    "ready": re.compile(r"Application startup complete"),
+    "spec": re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?Avg Draft acceptance rate: ([\d.]+)%"),
+}
+# Lines that mean the server is going down.  Checked before the phase rules.
+FATAL = (
+    ("eagle3_interface", re.compile(r"Model does not support EAGLE3 interface")),
+    ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
+    ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|NCCL WARN .*(?:failed|error)", re.I)),
+    ("engine_dead", re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")),
+    ("validation", re.compile(r"pydantic_core\._pydantic_core\.ValidationError|ValidationError: \d+ validation error")),
+    ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
+)
+WARN = (
+    re.compile(r"Custom allreduce is disabled"),
+    re.compile(r"setting cudagraph_mode=PIECEWISE"),
+    re.compile(r"Using AttentionBackendEnum\.\w+ backend"),
+)
+
+
+def split_lines(text):
+    """Split on ``\\n`` and ``\\r`` (tqdm redraws), dropping empties."""
+    return [p for p in re.split(r"[\r\n]+", text) if p.strip()]
+
+
+def strip_prefix(line):
+    """Drop ``(Worker_TP0 pid=1)``-style prefixes and the ``INFO MM-DD HH:MM:SS [file.py:N]`` header."""
+    line = _PREFIX.sub("", line.strip())
+    line = re.sub(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s*", "", line)
+    return line
+
+
+class LoadState(object):
+    """Fold log lines into the current phase.  ``feed(line, t)`` with ``t`` seconds (any clock)."""
+
+    def __init__(self):
+        self.phase = "starting"
+        self.phase_started = {"starting": None}
+        self.progress = None        # (n, total) within the phase, when known
+        self.last_progress_t = None
+        self.fatal = None           # (kind, line)
+        self.fatal_lines = []
+        self.warnings = []
+        self.facts = {}             # numbers read on the way: weights_seconds, kv_tokens, ...
+        self.lines_seen = 0
+
+    def _enter(self, phase, t):
+        if PHASES.index(phase) < PHASES.index(self.phase):
+            return  # a late line from another rank never moves the phase backwards
+        if phase != self.phase:
+            self.phase = phase
+            self.progress = None
+            self.phase_started[phase] = t
+        self.last_progress_t = t
+
+    def feed(self, raw, t=None):
+        for line in split_lines(raw):
+            self._feed_one(line, t)
+
+    def _feed_one(self, raw, t):
+        self.lines_seen += 1
+        if self.phase_started.get("starting") is None:
+            self.phase_started["starting"] = t
+        if self.last_progress_t is None:
+            self.last_progress_t = t
+        line = strip_prefix(raw)
+        for kind, rx in FATAL:
+            if rx.search(line):
+                if self.fatal is None or (self.fatal[0] == "traceback" and kind != "traceback"):
+                    self.fatal = (kind, line)
+                self.fatal_lines.append(line)
+                return
+        for rx in WARN:
+            if rx.search(line) and line not in self.warnings:
+                self.warnings.append(line)
+        m = RX["start"].search(line)
+        if m:
+            self.facts["model"] = m.group(1)
+            self._enter("starting", t)
+            return
+        m = RX["shards"].search(line)
+        if m:
+            # the drafter's own shard bar comes after "Loading drafter model"
+            phase = "drafter" if self.phase == "drafter" else "weights"
+            self._enter(phase, t)
+            self.progress = (int(m.group(2)), int(m.group(3)))
+            self.last_progress_t = t
+            return
+        m = RX["weights_took"].search(line)
+        if m:
+            key = "drafter_weights_seconds" if self.phase == "drafter" else "weights_seconds"
+            self.facts[key] = float(m.group(1))
+            self.last_progress_t = t
+            return
+        if RX["drafter"].search(line):
+            self._enter("drafter", t)
+            return
+        m = RX["model_took"].search(line)
+        if m:
+            self.facts["model_gib"] = float(m.group(1))
+            self.facts["model_load_seconds"] = float(m.group(2))
+            self.last_progress_t = t
+            return
+        m = RX["compile"].search(line)
+        if m:
+            self._enter("compile", t)
+            if m.group(1):
+                self.facts["compile_seconds"] = float(m.group(1))
+            return
+        m = RX["kv"].search(line)
+        if m:
+            self._enter("kv_cache", t)
+            if m.group(1):
+                self.facts["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
+            return
+        m = RX["graphs"].search(line)
+        if m:
+            self._enter("graphs", t)
+            self.progress = (int(m.group(3)), int(m.group(4)))
+            self.facts["graph_mode"] = m.group(1)
+            self.last_progress_t = t
+            return
+        m = RX["graphs_done"].search(line)
+        if m:
+            self.facts["graphs_seconds"] = float(m.group(1))
+            self.last_progress_t = t
+            return
+        m = RX["engine"].search(line)
+        if m:
+            self.facts["engine_init_seconds"] = float(m.group(1))
+            self._enter("api", t)
+            return
+        if RX["api"].search(line):
+            self._enter("api", t)
+            return
+        if RX["ready"].search(line):
+            self._enter("ready", t)
+            return
+        m = RX["spec"].search(line)
+        if m:
+            self.facts["log_mean_acceptance_length"] = float(m.group(1))
+            self.facts["log_acceptance_rate"] = float(m.group(2)) / 100.0
+
+    def percent(self):
+        if self.progress and self.progress[1]:
+            return round(100.0 * self.progress[0] / self.progress[1], 1)
+        return None
+
+    def phase_durations(self, now=None):
+        """Seconds spent in each phase reached so far (the current one up to ``now``)."""
+        out = {}
+        reached = [p for p in PHASES if self.phase_started.get(p) is not None]
+        for i, p in enumerate(reached):
+            end = self.phase_started[reached[i + 1]] if i + 1 < len(reached) else now
+            if end is not None:
+                out[p] = round(max(0.0, end - self.phase_started[p]), 3)
+        return out
+
+    def snapshot(self, now=None):
+        return {
+            "phase": self.phase,
+            "phase_title": PHASE_TITLES[self.phase],
+            "progress": list(self.progress) if self.progress else None,
+            "percent": self.percent(),
+            "seconds_since_progress": (round(now - self.last_progress_t, 3)
+                                       if now is not None and self.last_progress_t is not None else None),
+            "fatal": {"kind": self.fatal[0], "line": self.fatal[1]} if self.fatal else None,
+            "warnings": list(self.warnings),
+            "facts": dict(self.facts),
+            "phase_seconds": self.phase_durations(now),
+        }
+
+
+def eta_seconds(phase, elapsed_in_phase, previous):
+    """ETA from the previous successful release's per-phase durations (``previous``: phase -> seconds)."""
+    if not previous or phase not in PHASES:
+        return None
+    idx = PHASES.index(phase)
+    rest = sum(float(previous.get(p, 0.0)) for p in PHASES[idx + 1:] if p != "ready")
+    cur = max(0.0, float(previous.get(phase, 0.0)) - float(elapsed_in_phase or 0.0))
+    return round(cur + rest, 1)
+
+
+def parse_prometheus(text):
+    """Prometheus text format -> {name: [(labels dict, value)]}.  Comments and bad lines skipped."""
+    out = {}
+    rx = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+([-+0-9.eEinfNa]+)(?:\s+\d+)?$')
+    lab = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = rx.match(line.strip())
+        if not m:
+            continue
+        try:
+            val = float(m.group(3))
+        except ValueError:
+            continue
+        out.setdefault(m.group(1), []).append((dict(lab.findall(m.group(2) or "")), val))
+    return out
+
+
+def spec_decode_stats(text):
+    """EAGLE-3 counters from /metrics (summed over engines) and the derived rates."""
+    m = parse_prometheus(text)
+
+    def total(name):
+        return sum(v for _l, v in m.get(name, []))
+
+    drafts = total("vllm:spec_decode_num_drafts_total")
+    draft_tokens = total("vllm:spec_decode_num_draft_tokens_total")
+    accepted = total("vllm:spec_decode_num_accepted_tokens_total")
+    per_pos = {}
+    for labels, v in m.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", []):
+        per_pos[labels.get("position", "?")] = per_pos.get(labels.get("position", "?"), 0.0) + v
+    present = "vllm:spec_decode_num_drafts_total" in m
+    return {
+        "present": present,
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
+        "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+        "per_position_rate": {k: round(v / drafts, 4) for k, v in sorted(per_pos.items())} if drafts else {},
+    }
+
+
+def spec_decode_delta(before, after):
+    """Rates over the interval between two ``spec_decode_stats`` snapshots."""
+    d = after["num_drafts"] - before["num_drafts"]
+    dt = after["num_draft_tokens"] - before["num_draft_tokens"]
+    da = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+    return {
+        "drafts": d, "draft_tokens": dt, "accepted_tokens": da,
+        "acceptance_rate": round(da / dt, 4) if dt > 0 else None,
+        "mean_acceptance_length": round(1 + da / d, 4) if d > 0 else None,
+    }

@@ -1,0 +1,214 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_watch
+short_description: Follow a vLLM server through its model load, one short look at a time
+description:
+  - Reads the unit's journal since its last start, folds the lines into a load phase
+    (weights, drafter, torch.compile, KV cache, CUDA graphs, API, ready), and checks the process
+    and C(/health).
+  - Stateless; call it in an C(until) loop. It returns within I(poll_seconds) or as soon as the
+    server is ready, has died, or logged a fatal error, so a crash is seen within seconds.
+  - Never changes anything.
+options:
+  service:
+    description: systemd unit name.
+    type: str
+    required: true
+  port:
+    description: Port the server listens on (local to the host).
+    type: int
+    required: true
+  poll_seconds:
+    description: Longest time one call waits before reporting.
+    type: float
+    default: 2.0
+  stall_seconds:
+    description: Per-phase stall limits (phase -> seconds without progress); C(default) applies to phases not listed.
+    type: dict
+    default: {}
+  budget_seconds:
+    description: Overall load budget since the unit's start; past it the state is C(timeout).
+    type: int
+    default: 1800
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author: deployer
+"""
+
+EXAMPLES = r"""
+- name: Wait until vLLM has loaded and answers /health.
+  vllm_watch:
+    service: deployer-vllm
+    port: 8000
+  register: watch
+  until: watch.state != 'loading'
+  retries: 1000
+  delay: 0
+"""
+
+RETURN = r"""
+state:
+  description: loading, ready, crashed, fatal, stalled or timeout.
+  returned: always
+  type: str
+phase:
+  description: Current load phase.
+  returned: always
+  type: str
+percent:
+  description: Progress within the phase, when the log shows one.
+  returned: always
+  type: float
+elapsed_seconds:
+  description: Seconds since the unit (re)started.
+  returned: always
+  type: float
+phase_seconds:
+  description: Seconds spent in each phase so far.
+  returned: always
+  type: dict
+reason:
+  description: Why the state is not loading/ready, in words.
+  returned: always
+  type: str
+tail:
+  description: Last log lines (on failure).
+  returned: always
+  type: list
+"""
+
+import json
+import socket
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_logs import LoadState
+
+TAIL = 40
+
+
+def unit_props(module, service):
+    rc, out, _ = module.run_command(
+        ["systemctl", "show", service, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
+         "-p", "ActiveEnterTimestampMonotonic", "-p", "InvocationID", "-p", "ExecMainStatus", "-p", "NRestarts"])
+    props = {}
+    for line in out.splitlines():
+        k, _, v = line.partition("=")
+        props[k] = v
+    return props
+
+
+def journal(module, service, invocation):
+    # only this start's lines: the invocation id changes with every (re)start of the unit
+    match = ("_SYSTEMD_INVOCATION_ID=" + invocation) if invocation else ("_SYSTEMD_UNIT=" + service + ".service")
+    args = ["journalctl", match, "-o", "json", "--no-pager"]
+    rc, out, _ = module.run_command(args)
+    entries = []
+    for line in out.splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        msg = e.get("MESSAGE")
+        if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
+            msg = bytes(msg).decode("utf-8", "replace")
+        if msg is None:
+            continue
+        entries.append((int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6, msg))
+    return entries
+
+
+def health(port):
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    except OSError:
+        return None  # connection refused: still loading (vLLM does not listen until ready)
+    try:
+        s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        data = s.recv(64).decode("latin-1")
+        parts = data.split()
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    except OSError:
+        return 0
+    finally:
+        s.close()
+
+
+def look(module, p):
+    props = unit_props(module, p["service"])
+    started = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
+    entries = journal(module, p["service"], props.get("InvocationID"))
+    st = LoadState()
+    for t, msg in entries:
+        st.feed(msg, t)
+    now = time.clock_gettime(time.CLOCK_MONOTONIC)
+    snap = st.snapshot(now)
+    elapsed = now - started if started else 0.0
+    tail = [m for _t, m in entries][-TAIL:]
+    res = dict(phase=snap["phase"], phase_title=snap["phase_title"], percent=snap["percent"],
+               progress=snap["progress"], phase_seconds=snap["phase_seconds"], facts=snap["facts"],
+               warnings=snap["warnings"], elapsed_seconds=round(elapsed, 1), pid=props.get("MainPID"),
+               active_state=props.get("ActiveState"), tail=[], reason="", fatal=snap["fatal"])
+    active = props.get("ActiveState")
+    if active not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
+        res.update(state="crashed", tail=tail,
+                   reason="the server process exited (unit %s/%s, exit status %s) during phase '%s'"
+                   % (active, props.get("SubState"), props.get("ExecMainStatus"), snap["phase_title"]))
+        return res
+    if snap["fatal"]:
+        res.update(state="fatal", tail=tail,
+                   reason="fatal %s in phase '%s': %s" % (snap["fatal"]["kind"], snap["phase_title"],
+                                                           snap["fatal"]["line"]))
+        return res
+    code = health(p["port"])
+    if code == 200 and snap["phase"] in ("api", "ready"):
+        res.update(state="ready", phase="ready", phase_title="ready")
+        return res
+    limits = p["stall_seconds"] or {}
+    limit = float(limits.get(snap["phase"], limits.get("default", 0)) or 0)
+    since = snap["seconds_since_progress"] if snap["seconds_since_progress"] is not None else elapsed
+    if limit and since > limit:
+        res.update(state="stalled", tail=tail,
+                   reason="no progress for %.0f s in phase '%s' (stall limit %.0f s)" % (since, snap["phase_title"], limit))
+        return res
+    if elapsed > p["budget_seconds"]:
+        res.update(state="timeout", tail=tail,
+                   reason="not ready after %.0f s (budget %d s), last phase '%s'" % (elapsed, p["budget_seconds"], snap["phase_title"]))
+        return res
+    res.update(state="loading", health=code)
+    return res
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            service=dict(type="str", required=True),
+            port=dict(type="int", required=True),
+            poll_seconds=dict(type="float", default=2.0),
+            stall_seconds=dict(type="dict", default={}),
+            budget_seconds=dict(type="int", default=1800),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    deadline = time.time() + p["poll_seconds"]
+    first = look(module, p)
+    res = first
+    # wait inside the call until something changes (phase, percent, state) or poll_seconds pass
+    while res["state"] == "loading" and time.time() < deadline:
+        time.sleep(0.25)
+        res = look(module, p)
+        if res["state"] != "loading" or (res["phase"], res["percent"]) != (first["phase"], first["percent"]):
+            break
+    module.exit_json(changed=False, **res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""Sandbox hosts: real sshd + real systemd on this machine, with a simulated GPU box inside.
+
+Each host is a ``systemd-nspawn --boot`` container (systemd is PID 1, so unit files,
+``systemctl`` and ``journalctl`` are the real ones) in its own network namespace on
+the bridge ``dpsbx0`` (10.77.0.1/24, host N at 10.77.0.(10+N), no route anywhere
+else), with a private overlay root: lower layer = this machine's ``/``, upper layer
+on disk under the state dir (a vLLM venv is ~10 GB: RAM-backed layers would not do).
+
+What is simulated lives in ``deployer/sandbox/`` and is provisioned here:
+``/usr/local/bin/nvidia-smi`` (8x RTX PRO 6000 Blackwell), a Kimi-K2.5-shaped model
+directory, the vLLM stand-in server, and the rehearsal knobs in /etc/deployer-sandbox/.
+
+Packages: the hosts have no route to a package index, like many production GPU
+hosts.  The deployer installs vLLM with ``uv --offline`` from the host's uv cache
+(``vllm_install_offline``); the sandbox pre-seeds that cache by hard-linking the
+controller's uv cache into the host's upper layer (0.9 s for 10 GB, no extra disk).
+The controller's cache is filled by ``deployer sandbox prepare`` (a real install
+from the index).  On a real offline host the same role variable works after the
+cache is seeded (rsync), or use ``vllm_install_wheelhouse_dir``.
+
+Pitfalls handled (shared/reference/test-harness.md): clean /root (no pyenv in
+.bashrc), opaque *.target.wants, fresh machine-id, never SIGTERM the container's
+systemd (SIGTERM nspawn instead), close ssh ControlPersist masters before tearing
+the bridge down.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BRIDGE = "dpsbx0"
+NET = "10.77.0"
+STATE = Path(os.environ.get("DEPLOYER_SANDBOX_DIR", "/var/lib/deployer-sandbox"))
+HERE = Path(__file__).resolve().parent
+MODEL_DIR = "/srv/models/Kimi-K2.5"
+KNOBS_DIR = "/etc/deployer-sandbox"
+STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"
+DEPLOY_ROOT = "/opt/deployer"
+APT_PACKAGES = ("openssh-server", "openssh-client", "rsync", "systemd-container", "iproute2")
+
+SSHD_CONFIG = """\
+Port 22
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+UseDNS no
+Subsystem sftp internal-sftp
+MaxStartups 100:30:200
+MaxSessions 64
+AcceptEnv LANG LC_*
+"""
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+@dataclass
+class Host:
+    name: str
+    ip: str
+
+    @property
+    def dir(self) -> Path:
+        return STATE / self.name
+
+
+def _run(*cmd, check=True, **kw):
+    return subprocess.run([str(c) for c in cmd], check=check, text=True, capture_output=True, **kw)
+
+
+def host(i: int) -> Host:
+    return Host(f"sbx{i}", f"{NET}.{10 + i}")
+
+
+def uv_cache_dir() -> Path:
+    out = _run("uv", "cache", "dir", check=False)
+    return Path(out.stdout.strip() or Path.home() / ".cache" / "uv")
+
+
+def controller_key() -> Path:
+    key = STATE / "id_ed25519"
+    if not key.exists():
+        STATE.mkdir(parents=True, exist_ok=True)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "deployer-sandbox", "-f", key)
+    return key
+
+
+# ------------------------------------------------------------------ the simulated GPU box
+def kimi_config(num_layers: int = 61) -> dict:
+    """A Kimi-K2.5-shaped config.json (vLLM's KimiK25Config reads text_config as DeepseekV3Config)."""
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
+                     "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
+        "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
+        "media_placeholder_token_id": 163605,
+        "text_config": {
+            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "num_hidden_layers": num_layers, "hidden_size": 7168, "intermediate_size": 18432,
+            "moe_intermediate_size": 2048, "n_routed_experts": 384, "num_experts_per_tok": 8,
+            "n_shared_experts": 1, "first_k_dense_replace": 1, "num_attention_heads": 64,
+            "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "vocab_size": 163840, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5,
+            "rope_theta": 50000.0, "torch_dtype": "bfloat16",
+            "bos_token_id": 163584, "eos_token_id": 163585,
+        },
+        "vision_config": {"patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
+                          "num_attention_heads": 16, "num_hidden_layers": 27, "hidden_size": 1152,
+                          "intermediate_size": 4304, "merge_kernel_size": [2, 2]},
+        "torch_dtype": "bfloat16",
+    }
+
+
+def drafter_config() -> dict:
+    """Shape of AQ-MedAI/Kimi-K25-eagle3 (LlamaForCausalLMEagle3)."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 1,
+        "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 128,
+        "vocab_size": 163840, "draft_vocab_size": 32000, "max_position_embeddings": 262144,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": True},
+    }
+
+
+def write_model_dir(root: Path, shards: int = 64) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(kimi_config(), indent=2))
+    names = [f"model-{i:05d}-of-{shards:06d}.safetensors" for i in range(1, shards + 1)]
+    weight_map = {f"language_model.model.layers.{i}.mlp.experts.weight": n for i, n in enumerate(names)}
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": shards * 16}, "weight_map": weight_map}, indent=2))
+    for n in names:
+        (root / n).write_bytes(b"\0" * 16)  # stand-ins for ~9.8 GB shards
+    (root / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 262144}))
+
+
+def write_drafter_dir(root: Path) -> Path:
+    """The drafter checkpoint on the *controller* (the operator's machine), shipped by the drafter role."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(drafter_config(), indent=2))
+    weights = root / "model.safetensors"
+    if not weights.exists():
+        weights.write_bytes(os.urandom(1 << 20))  # 1 MiB stand-in for ~6 GB
+    return root
+
+
+# ------------------------------------------------------------------ lifecycle
+def _prepare_upper(h: Host, pubkey: str) -> Path:
+    d = h.dir
+    upper, work, merged = d / "upper", d / "work", d / "merged"
+    for p in (upper, work, merged):
+        p.mkdir(parents=True, exist_ok=True)
+    opaque = []
+
+    def mk(rel, mode=0o755):
+        p = upper / rel
+        p.mkdir(parents=True, exist_ok=True)
+        os.chmod(p, mode)
+        return p
+
+    root = mk("root", 0o700)
+    opaque += [root, mk("tmp", 0o1777), mk("var/lib/deployer-sandbox"), mk("opt/deployer")]
+    for f in (".bashrc", ".profile"):
+        shutil.copy(f"/etc/skel/{f}", root / f)
+    ssh = mk("root/.ssh", 0o700)
+    (ssh / "authorized_keys").write_text(pubkey)
+    os.chmod(ssh / "authorized_keys", 0o600)
+    etc_ssh = mk("etc/ssh")
+    for f in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+        shutil.copy(d / f, etc_ssh / f)
+    os.chmod(etc_ssh / "ssh_host_ed25519_key", 0o600)
+    (etc_ssh / "sshd_config").write_text(SSHD_CONFIG)
+    (upper / "etc/hostname").write_text(h.name + "\n")
+    (upper / "etc/hosts").write_text(f"127.0.0.1 localhost\n{h.ip} {h.name}\n")
+    (upper / "etc/machine-id").write_text(os.urandom(16).hex() + "\n")
+    sysd = mk("etc/systemd/system")
+    for w in ("multi-user.target.wants", "timers.target.wants", "getty.target.wants", "sysinit.target.wants"):
+        opaque.append(mk(f"etc/systemd/system/{w}"))
+    (sysd / "multi-user.target.wants/ssh.service").symlink_to("/lib/systemd/system/ssh.service")
+    for u in ("console-getty.service", "getty@.service", "serial-getty@.service", "postgresql.service",
+              "postgresql@.service", "systemd-timesyncd.service", "e2scrub_reap.service",
+              "apt-daily.service", "apt-daily-upgrade.service", "man-db.service"):
+        p = sysd / u
+        if not p.exists() and not p.is_symlink():
+            p.symlink_to("/dev/null")
+    # the simulated GPU box
+    bin_ = mk("usr/local/bin")
+    shutil.copy(HERE / "nvidia_smi.py", bin_ / "nvidia-smi")
+    os.chmod(bin_ / "nvidia-smi", 0o755)
+    lib = mk("usr/local/lib/deployer-sandbox")
+    shutil.copy(HERE / "standin.py", lib / "vllm_standin.py")
+    knobs = mk(KNOBS_DIR.lstrip("/"))
+    (knobs / "gpus.json").write_text("{}\n")
+    (knobs / "standin.json").write_text("{}\n")
+    (knobs / "README").write_text("SANDBOX host: nvidia-smi and the vLLM stand-in read these rehearsal knobs.\n")
+    write_model_dir(upper / MODEL_DIR.lstrip("/"))
+    # the host's package cache, hard-linked from the controller's uv cache (see module docstring)
+    cache = uv_cache_dir()
+    if cache.is_dir():
+        dst = upper / DEPLOY_ROOT.lstrip("/") / "cache"
+        dst.mkdir(parents=True, exist_ok=True)
+        _run("cp", "-al", cache, dst / "uv")
+    for p in opaque:
+        os.setxattr(p, "trusted.overlay.opaque", b"y")
+    return merged
+
+
+def _netns(h: Host) -> str:
+    return f"dps-{h.name}"
+
+
+def _ensure_bridge():
+    if _run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        _run("ip", "addr", "add", f"{NET}.1/24", "dev", BRIDGE)
+        _run("ip", "link", "set", BRIDGE, "up")
+
+
+def is_running(h: Host) -> bool:
+    pidf = h.dir / "launcher.pid"
+    if not pidf.exists():
+        return False
+    try:
+        stat = Path(f"/proc/{int(pidf.read_text())}/stat").read_text().split(") ")[1][0]
+        return stat not in "ZX"
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def start_host(i: int) -> Host:
+    h = host(i)
+    if is_running(h):
+        return h
+    _stop_host(h)  # leftovers of a crashed run
+    key = controller_key()
+    h.dir.mkdir(parents=True, exist_ok=True)
+    if not (h.dir / "ssh_host_ed25519_key").exists():
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", h.dir / "ssh_host_ed25519_key")
+    merged = _prepare_upper(h, Path(f"{key}.pub").read_text())
+    _ensure_bridge()
+    ns = _netns(h)
+    _run("ip", "link", "del", ns, check=False)
+    _run("ip", "netns", "del", ns, check=False)
+    _run("ip", "netns", "add", ns)
+    _run("ip", "link", "add", ns, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    _run("ip", "link", "set", ns, "master", BRIDGE, "up")
+    _run("ip", "-n", ns, "addr", "add", f"{h.ip}/24", "dev", "eth0")
+    _run("ip", "-n", ns, "link", "set", "eth0", "up")
+    _run("ip", "-n", ns, "link", "set", "lo", "up")
+    d = h.dir
+    script = (
+        f"set -e; mount -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {merged}; "
+        f"exec systemd-nspawn --quiet --register=no --keep-unit --link-journal=no --console=passive "
+        f"-M {h.name} -D {merged} --network-namespace-path=/run/netns/{ns} --boot"
+    )
+    log = open(d / "console.log", "w")
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", script],
+                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    (d / "launcher.pid").write_text(str(p.pid))
+    return h
+
+
+def wait_ssh(h: Host, timeout: float = 60.0) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        r = _run("ssh", "-F", STATE / "ssh_config", "-o", "BatchMode=yes", "-o", "ConnectTimeout=2",
+                 h.name, "systemctl is-system-running --wait >/dev/null 2>&1; true", check=False, timeout=30)
+        if r.returncode == 0:
+            return
+        time.sleep(0.3)
+    raise SandboxError(f"{h.name} ({h.ip}) did not answer ssh within {timeout:.0f} s; "
+                       f"console: {(h.dir / 'console.log').read_text()[-2000:]}")
+
+
+def write_client_files(hosts: list[Host]) -> None:
+    """known_hosts (pinned host keys), ssh_config, inventory and ansible.cfg for the sandbox."""
+    key = controller_key()
+    kh, sc = [], []
+    for h in hosts:
+        pub = (h.dir / "ssh_host_ed25519_key.pub").read_text().split()
+        kh.append(f"{h.name},{h.ip} {pub[0]} {pub[1]}")
+        sc.append(f"Host {h.name}\n  HostName {h.ip}\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+                  f"  UserKnownHostsFile {STATE}/known_hosts\n  HostKeyAlias {h.name}\n  StrictHostKeyChecking yes\n"
+                  f"  ControlMaster auto\n  ControlPath {STATE}/cp-%r@%h:%p\n  ControlPersist 60s\n")
+    (STATE / "known_hosts").write_text("\n".join(kh) + "\n")
+    (STATE / "ssh_config").write_text("\n".join(sc))
+    lines = ["[gpu]"] + [f"{h.name} ansible_host={h.ip}" for h in hosts] + [
+        "", "[gpu:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
+        "ansible_python_interpreter=/usr/bin/python3",
+        f"ansible_ssh_common_args=-o UserKnownHostsFile={STATE}/known_hosts -o HostKeyAlias={{{{ inventory_hostname }}}} "
+        "-o StrictHostKeyChecking=yes",
+        "# sandbox: the engine is the vLLM stand-in, packages come from the host's pre-seeded uv cache",
+        "deployer_sandbox=true",
+        "vllm_install_offline=true",
+        f"drafter_src_dir={STATE}/drafter",
+        f"preflight_model_dir={MODEL_DIR}",
+        ""]
+    (STATE / "inventory.ini").write_text("\n".join(lines))
+    write_drafter_dir(STATE / "drafter")
+
+
+def hosts_on_disk() -> list[Host]:
+    if not STATE.exists():
+        return []
+    out = []
+    for d in sorted(STATE.glob("sbx*")):
+        if d.name[3:].isdigit():
+            out.append(host(int(d.name[3:])))
+    return out
+
+
+def start(n: int = 1) -> list[Host]:
+    missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare") if not shutil.which(c) and
+               not Path(f"/usr/sbin/{c}").exists()]
+    if missing:
+        raise SandboxError(f"missing on this machine: {', '.join(missing)}; install: apt-get install -y "
+                           + " ".join(APT_PACKAGES))
+    hosts = [start_host(i) for i in range(1, n + 1)]
+    write_client_files(sorted({h.name: h for h in hosts + hosts_on_disk() if is_running(h)}.values(),
+                              key=lambda h: h.name))
+    for h in hosts:
+        wait_ssh(h)
+    return hosts
+
+
+def _stop_host(h: Host) -> None:
+    pidf = h.dir / "launcher.pid"
+    if pidf.exists():
+        try:
+            pid = int(pidf.read_text())
+            # the launcher is bash exec'd into nspawn: SIGTERM to nspawn halts the container in order
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                if not is_running(h):
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+        pidf.unlink(missing_ok=True)
+    ns = _netns(h)
+    _run("ip", "netns", "del", ns, check=False)
+    _run("ip", "link", "del", ns, check=False)
+    shutil.rmtree(f"/run/systemd/nspawn/propagate/{h.name}", ignore_errors=True)
+    if (h.dir / "merged").exists():
+        _run("umount", "-l", h.dir / "merged", check=False)
+    for sub in ("upper", "work", "merged"):
+        shutil.rmtree(h.dir / sub, ignore_errors=True)
+
+
+def stop(names: list[str] | None = None) -> list[str]:
+    for c in STATE.glob("cp-*"):
+        _run("ssh", "-o", f"ControlPath={c}", "-O", "exit", "x", check=False)
+    stopped = []
+    for h in hosts_on_disk():
+        if names and h.name not in names:
+            continue
+        _stop_host(h)
+        stopped.append(h.name)
+    if not any(is_running(h) for h in hosts_on_disk()):
+        time.sleep(0.3)
+        _run("ip", "link", "del", BRIDGE, check=False)
+    return stopped
+
+
+def status() -> list[dict]:
+    return [{"name": h.name, "ip": h.ip, "running": is_running(h)} for h in hosts_on_disk()]
+
+
+def ssh(h: str, command: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a command on a sandbox host (tests and knobs; deploys go through Ansible)."""
+    r = _run("ssh", "-F", STATE / "ssh_config", "-o", "BatchMode=yes", h, command, check=False, timeout=timeout)
+    if check and r.returncode != 0:
+        raise SandboxError(f"ssh {h} {command!r}: rc={r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def set_knobs(h: str, gpus: dict | None = None, standin: dict | None = None) -> None:
+    if gpus is not None:
+        ssh(h, f"cat > {KNOBS_DIR}/gpus.json <<'EOF'\n{json.dumps(gpus)}\nEOF")
+    if standin is not None:
+        ssh(h, f"cat > {KNOBS_DIR}/standin.json <<'EOF'\n{json.dumps(standin)}\nEOF")

@@ -1,0 +1,64 @@
+#!/usr/bin/python3
+"""SANDBOX ONLY: a simulated ``nvidia-smi`` for an 8x RTX PRO 6000 Blackwell host.
+
+Answers the queries the deployer makes, in nvidia-smi's CSV format:
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits
+  nvidia-smi -L
+The GPU set comes from /etc/deployer-sandbox/gpus.json ({"count", "name", "memory_mib",
+"driver", "used_mib"}), so tests can rehearse a host with 7 GPUs or an old driver.
+"""
+import json
+import sys
+
+CONF = "/etc/deployer-sandbox/gpus.json"
+DEFAULT = {"count": 8, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_mib": 97887,
+           "driver": "580.126.09", "used_mib": 0, "uuid_prefix": "GPU-5a0d0b1e-0000-4000-8000-00000000000"}
+
+
+def conf():
+    c = dict(DEFAULT)
+    try:
+        with open(CONF) as f:
+            c.update(json.load(f))
+    except (OSError, ValueError):
+        pass
+    return c
+
+
+def field(c, i, name, units):
+    mib = "" if units else " MiB"
+    return {
+        "index": str(i), "name": c["name"], "driver_version": c["driver"],
+        "memory.total": "%d%s" % (c["memory_mib"], mib), "memory.used": "%d%s" % (c["used_mib"], mib),
+        "memory.free": "%d%s" % (c["memory_mib"] - c["used_mib"], mib),
+        "uuid": "%s%d" % (c["uuid_prefix"], i), "compute_cap": "12.0", "pci.bus_id": "00000000:%02X:00.0" % (0x18 + i),
+    }[name]
+
+
+def main(argv):
+    c = conf()
+    if "-L" in argv:
+        for i in range(c["count"]):
+            print("GPU %d: %s (UUID: %s%d)" % (i, c["name"], c["uuid_prefix"], i))
+        return 0
+    q = [a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")]
+    fmt = [a.split("=", 1)[1] for a in argv if a.startswith("--format=")]
+    if not q:
+        print("Sandbox nvidia-smi: %d x %s, driver %s" % (c["count"], c["name"], c["driver"]))
+        return 0
+    if c["count"] == 0:
+        print("No devices were found")
+        return 6
+    names = [n.strip() for n in q[0].split(",")]
+    opts = fmt[0].split(",") if fmt else ["csv"]
+    units = "nounits" in opts
+    if "noheader" not in opts:
+        print(", ".join(names))
+    for i in range(c["count"]):
+        print(", ".join(field(c, i, n, units) for n in names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,134 @@
+"""The ``vllm serve`` command line: built here and nowhere else.
+
+Pure functions.  The ``render`` role reaches them through the ``vllm_serve_argv``,
+``systemd_exec_quote`` and ``systemd_env_quote`` filters (``deployer/ansible_plugins/
+filter_plugins/deployer_filters.py``); the CLI and tests import them directly.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+# Flags the deployer owns.  Free-form ``extra_args`` may not set them again (two
+# sources of truth for the same flag is how a 25-minute load ends in surprise).
+MANAGED_FLAGS = (
+    "--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp",
+    "--gpu-memory-utilization", "--max-model-len", "--trust-remote-code",
+    "--speculative-config", "-sc", "--api-key",
+)
+
+SPEC_METHODS = ("eagle3",)
+
+
+class ServeConfigError(ValueError):
+    """Bad deploy input; the message names the field, the value found and what is expected."""
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0].replace("_", "-") if arg.startswith("-") else ""
+
+
+def speculative_config(method: str, model: str, num_speculative_tokens: int, extra: dict | None = None) -> str:
+    """The ``--speculative-config`` JSON: compact, keys sorted, so equal configs render byte-identical."""
+    if method not in SPEC_METHODS:
+        raise ServeConfigError(f"speculative method: got {method!r}, expected one of {list(SPEC_METHODS)}")
+    if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) \
+            or not 1 <= num_speculative_tokens <= 16:
+        raise ServeConfigError(f"num_speculative_tokens: got {num_speculative_tokens!r}, expected an integer 1..16")
+    if not model:
+        raise ServeConfigError("speculative model (drafter path): empty")
+    cfg: dict[str, Any] = dict(extra or {})
+    cfg.update({"method": method, "model": model, "num_speculative_tokens": num_speculative_tokens})
+    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+def build_serve_argv(spec: dict) -> list[str]:
+    """Validate ``spec`` and return the full argv, launcher first.
+
+    ``spec`` keys: launcher (list), model, served_model_name, host, port,
+    tensor_parallel_size, gpu_memory_utilization, max_model_len,
+    trust_remote_code, speculative ({method, model, num_speculative_tokens, extra}
+    or None/{} for no speculation), extra_args (list of str).
+    """
+    launcher = spec.get("launcher") or []
+    if isinstance(launcher, str) or not launcher or not all(isinstance(a, str) and a for a in launcher):
+        raise ServeConfigError(f"launcher: got {launcher!r}, expected a non-empty list of strings")
+    model = spec.get("model")
+    if not isinstance(model, str) or not model.startswith("/"):
+        raise ServeConfigError(f"model: got {model!r}, expected an absolute path on the host")
+    port = spec.get("port")
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ServeConfigError(f"port: got {port!r}, expected an integer 1..65535")
+    tp = spec.get("tensor_parallel_size")
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ServeConfigError(f"tensor_parallel_size: got {tp!r}, expected an integer >= 1")
+    gmu = spec.get("gpu_memory_utilization")
+    if not isinstance(gmu, (int, float)) or isinstance(gmu, bool) or not 0 < float(gmu) <= 1:
+        raise ServeConfigError(f"gpu_memory_utilization: got {gmu!r}, expected a number in (0, 1]")
+    mml = spec.get("max_model_len")
+    if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml < 1):
+        raise ServeConfigError(f"max_model_len: got {mml!r}, expected a positive integer or null")
+    name = spec.get("served_model_name") or ""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}", name):
+        raise ServeConfigError(f"served_model_name: got {name!r}, expected 1-128 chars of [A-Za-z0-9._/:-]")
+    host = spec.get("host") or "0.0.0.0"
+    extra = spec.get("extra_args") or []
+    if isinstance(extra, str) or not all(isinstance(a, str) for a in extra):
+        raise ServeConfigError(f"extra_args: got {extra!r}, expected a list of strings (one argv word each)")
+    for a in extra:
+        if _flag_name(a) in MANAGED_FLAGS:
+            raise ServeConfigError(
+                f"extra_args: {_flag_name(a)} is set by the deployer from its own variable; "
+                "set that variable instead" + (" (the API key goes in the secret env file)" if "api-key" in a else ""))
+        if "\n" in a or "\x00" in a:
+            raise ServeConfigError(f"extra_args: {a!r} contains a newline or NUL")
+
+    argv = list(launcher) + ["serve", model,
+                             "--served-model-name", name,
+                             "--host", host,
+                             "--port", str(port),
+                             "--tensor-parallel-size", str(tp),
+                             "--gpu-memory-utilization", _num(gmu)]
+    if mml is not None:
+        argv += ["--max-model-len", str(mml)]
+    if spec.get("trust_remote_code", True):
+        argv.append("--trust-remote-code")
+    sp = spec.get("speculative") or {}
+    if sp:
+        argv += ["--speculative-config",
+                 speculative_config(sp.get("method", "eagle3"), sp.get("model", ""),
+                                    sp.get("num_speculative_tokens", 3), sp.get("extra"))]
+    argv += list(extra)
+    return argv
+
+
+def _num(x: float) -> str:
+    s = repr(float(x))
+    return s[:-2] if s.endswith(".0") else s
+
+
+# --------------------------------------------------------------- systemd quoting
+def systemd_exec_quote(arg: str) -> str:
+    """Quote one word for ``ExecStart=`` (systemd.service(5) "Command lines").
+
+    Double quotes with C escapes; ``$`` -> ``$$`` (no variable expansion) and
+    ``%`` -> ``%%`` (no specifier expansion), so the process receives ``arg``
+    byte for byte and nothing is ever interpreted by a shell (there is none).
+    """
+    if "\n" in arg or "\x00" in arg:
+        raise ServeConfigError(f"argv word {arg!r} contains a newline or NUL")
+    out = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
+    return f'"{out}"'
+
+
+def systemd_env_quote(value: str) -> str:
+    """Quote a value for an ``EnvironmentFile=`` line (double quotes, backslash escapes)."""
+    value = str(value)
+    if "\n" in value or "\x00" in value:
+        raise ServeConfigError("environment values may not contain newlines")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+
+
+def exec_start(argv: list[str]) -> str:
+    return " ".join(systemd_exec_quote(a) for a in argv)

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Ask the installed vLLM itself, with no GPU, whether this launch can work.
+
+Run with the release's venv python on the host, before anything is (re)started:
+  1. ``supports_eagle3()`` on KimiK25ForConditionalGeneration (the OUTER class the model
+     runner checks) and DeepseekV2ForCausalLM;
+  2. vLLM's own ``vllm serve`` argument parser accepts the rendered argv;
+  3. vLLM's own config validation builds the engine config, speculative config
+     included, against the model's and the drafter's config.json (catches a missing P4).
+The CPU platform is forced first, as ``vllm bench`` does: without it the parser cannot be
+built on a machine with no CUDA driver (shared/reference/vllm-eagle3-matrix.md §7).
+Prints one JSON object; exit 0 only when every check passed.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
+    ap.add_argument("--skip-config", action="store_true")
+    a = ap.parse_args()
+    with open(a.argv_json) as f:
+        argv = json.load(f)
+    serve_at = argv.index("serve")
+    serve_argv = argv[serve_at:]
+    spec = None
+    if "--speculative-config" in serve_argv:
+        spec = json.loads(serve_argv[serve_argv.index("--speculative-config") + 1])
+    report = {"checks": [], "ok": True}
+
+    def check(name, fn):
+        t0 = time.time()
+        try:
+            detail = fn()
+            report["checks"].append({"name": name, "ok": True, "detail": detail, "seconds": round(time.time() - t0, 2)})
+            return True
+        except BaseException as e:  # report vLLM's own error text
+            msg = "%s: %s" % (type(e).__name__, e)
+            if isinstance(e, SystemExit):
+                msg = "argument parser exited with status %s" % e.code
+            report["checks"].append({"name": name, "ok": False, "error": msg,
+                                     "traceback": traceback.format_exc()[-3000:],
+                                     "seconds": round(time.time() - t0, 2)})
+            report["ok"] = False
+            return False
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from vllm import platforms
+    from vllm.platforms.cpu import CpuPlatform
+    platforms._current_platform = CpuPlatform()
+    platforms.current_platform = CpuPlatform()
+    import vllm
+    report["vllm_version"] = vllm.__version__
+
+    if spec and spec.get("method") == "eagle3":
+        def eagle3():
+            from vllm.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
+            from vllm.model_executor.models.interfaces import supports_eagle3
+            from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
+            got = {"KimiK25ForConditionalGeneration": bool(supports_eagle3(KimiK25ForConditionalGeneration)),
+                   "DeepseekV2ForCausalLM": bool(supports_eagle3(DeepseekV2ForCausalLM))}
+            if not all(got.values()):
+                raise RuntimeError("Model does not support EAGLE3 interface but aux_hidden_state_outputs was "
+                                   "requested (supports_eagle3: %s)" % got)
+            return got
+        check("supports_eagle3", eagle3)
+
+    holder = {}
+
+    def parse():
+        from vllm.entrypoints.cli.serve import ServeSubcommand
+        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        parser = FlexibleArgumentParser(prog="vllm")
+        subparsers = parser.add_subparsers(required=True, dest="subparser")
+        ServeSubcommand().subparser_init(subparsers)
+        ns = parser.parse_args(serve_argv)
+        validate_parsed_serve_args(ns)
+        if getattr(ns, "model_tag", None):
+            ns.model = ns.model_tag
+        holder["args"] = ns
+        return {"model": ns.model, "tensor_parallel_size": ns.tensor_parallel_size,
+                "speculative_config": dict(ns.speculative_config or {})}
+    parsed = check("argument_parser", parse)
+
+    if parsed and not a.skip_config:
+        def config():
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            ns = holder["args"]
+            ns.skip_tokenizer_init = True
+            if hasattr(ns, "swap_space"):
+                ns.swap_space = 0  # CPU-platform artefact only (4 GiB x TP would exceed this machine's RAM)
+            cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
+            sc = cfg.speculative_config
+            return {"speculative_method": getattr(sc, "method", None),
+                    "num_speculative_tokens": getattr(sc, "num_speculative_tokens", None),
+                    "text_model_type": cfg.model_config.hf_text_config.model_type}
+        check("config_validation", config)
+
+    sys.stdout.write("DEPLOYER-VERIFY " + json.dumps(report, default=str) + "\n")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
