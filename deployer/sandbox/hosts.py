@@ -297,18 +297,24 @@ def write_client_files(hosts: list[Host]) -> None:
                   f"  ControlMaster auto\n  ControlPath {STATE}/cp-%r@%h:%p\n  ControlPersist 60s\n")
     (STATE / "known_hosts").write_text("\n".join(kh) + "\n")
     (STATE / "ssh_config").write_text("\n".join(sc))
-    lines = ["[gpu]"] + [f"{h.name} ansible_host={h.ip}" for h in hosts] + [
-        "", "[gpu:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={key}",
-        "ansible_python_interpreter=/usr/bin/python3",
-        f"ansible_ssh_common_args=-o UserKnownHostsFile={STATE}/known_hosts -o HostKeyAlias={{{{ inventory_hostname }}}} "
-        "-o StrictHostKeyChecking=yes",
-        "# sandbox: the engine is the vLLM stand-in, packages come from the host's pre-seeded uv cache",
-        "deployer_sandbox=true",
-        "vllm_install_offline=true",
-        f"drafter_src_dir={STATE}/drafter",
-        f"preflight_model_dir={MODEL_DIR}",
-        ""]
-    (STATE / "inventory.ini").write_text("\n".join(lines))
+    import yaml
+    hostvars = {h.name: {"ansible_host": h.ip} for h in hosts}
+    inv = {"all": {"children": {"gpu": {"hosts": hostvars, "vars": {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(key),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={STATE}/known_hosts "
+                                   "-o HostKeyAlias={{ inventory_hostname }} -o StrictHostKeyChecking=yes",
+        # SANDBOX: the engine is the vLLM stand-in, run by the release venv's python so that it can
+        # ask the real, installed vLLM for supports_eagle3(); packages come from the pre-seeded uv cache.
+        "deployer_sandbox": True,
+        "render_launcher": ["{{ _deployer_python }}", STANDIN_PATH],
+        "vllm_install_offline": True,
+        "drafter_src_dir": str(STATE / "drafter"),
+        "deployer_model_dir": MODEL_DIR,
+    }}}}}
+    (STATE / "inventory.yml").write_text(
+        "# Written by `deployer sandbox start`.  Sandbox hosts only.\n" + yaml.safe_dump(inv, sort_keys=False))
     write_drafter_dir(STATE / "drafter")
 
 

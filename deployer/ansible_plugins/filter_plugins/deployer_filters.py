@@ -33,6 +33,12 @@ def content_hash(value, length=12):
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:length]
 
 
+def drafter_manifest(src_dir):
+    """Content manifest of the drafter checkpoint on the controller; see deployer.drafter."""
+    from deployer.drafter import tree_manifest
+    return tree_manifest(src_dir)
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -43,6 +49,7 @@ class FilterModule(object):
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
             "content_hash": content_hash,
+            "drafter_manifest": drafter_manifest,
             "spec_decode_stats": vllm_logs.spec_decode_stats,
             "spec_decode_delta": vllm_logs.spec_decode_delta,
         }

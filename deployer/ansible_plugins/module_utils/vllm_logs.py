@@ -43,6 +43,7 @@ FATAL = (
     ("validation", re.compile(r"pydantic_core\._pydantic_core\.ValidationError|ValidationError: \d+ validation error")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failed)\b.*:")
 WARN = (
     re.compile(r"Custom allreduce is disabled"),
     re.compile(r"setting cudagraph_mode=PIECEWISE"),
@@ -96,6 +97,8 @@ class LoadState(object):
         if self.last_progress_t is None:
             self.last_progress_t = t
         line = strip_prefix(raw)
+        if self.fatal and self.fatal[0] == "traceback" and _EXC_LINE.match(line):
+            self.fatal = ("traceback", line)  # the exception line says more than "Traceback (...)"
         for kind, rx in FATAL:
             if rx.search(line):
                 if self.fatal is None or (self.fatal[0] == "traceback" and kind != "traceback"):

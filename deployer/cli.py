@@ -1,0 +1,299 @@
+"""deployer: deploy and operate vLLM + EAGLE-3 (Kimi-K2.5) on GPU hosts.  The CLI orchestrates; Ansible acts."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+import yaml
+from rich.console import Console
+
+from deployer import runner
+from deployer.runner import Exit
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+sandbox_app = typer.Typer(no_args_is_help=True, help="The embedded sandbox GPU host (real sshd + systemd, simulated GPUs).")
+patch_app = typer.Typer(no_args_is_help=True, help="The EAGLE-3 patch engine (P1-P5) on a local vLLM install.")
+app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(patch_app, name="patch")
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+SECRET_VARS = ("render_api_key", "render_hf_token")
+
+
+def _die(code: Exit, msg: str):
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(int(code))
+
+
+def _parse_extra(extra: List[str]) -> dict:
+    """``-e k=v`` (value parsed as YAML) or ``-e @file.yml``."""
+    vals: dict = {}
+    for item in extra:
+        if item.startswith("@"):
+            try:
+                vals.update(yaml.safe_load(Path(item[1:]).read_text()) or {})
+            except OSError as e:
+                _die(Exit.USAGE, f"-e {item}: {e}")
+            continue
+        if "=" not in item:
+            _die(Exit.USAGE, f"-e {item!r}: expected key=value or @file.yml")
+        k, v = item.split("=", 1)
+        try:
+            vals[k] = yaml.safe_load(v) if v else ""
+        except yaml.YAMLError:
+            vals[k] = v
+        if isinstance(vals[k], (dict, list)) is False and vals[k] is None:
+            vals[k] = ""
+    for env, var in (("DEPLOYER_API_KEY", "render_api_key"), ("DEPLOYER_HF_TOKEN", "render_hf_token")):
+        if os.environ.get(env) and var not in vals:
+            vals[var] = os.environ[env]
+    return vals
+
+
+def _adhoc_inventory(host: str, port: int, user: str, key: Optional[str]) -> str:
+    inv = {"all": {"children": {"gpu": {"hosts": {host: {"ansible_host": host, "ansible_port": port,
+                                                          "ansible_user": user}}}}}}
+    if key:
+        inv["all"]["children"]["gpu"]["hosts"][host]["ansible_ssh_private_key_file"] = key
+    fd, path = tempfile.mkstemp(prefix="deployer-inv-", suffix=".yml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(inv, f)
+    return path
+
+
+def _inventory(host, port, user, key, inventory, sandbox) -> str:
+    if sum(bool(x) for x in (host, inventory, sandbox)) != 1:
+        _die(Exit.USAGE, "say where to deploy: exactly one of --host ADDR, -i INVENTORY or --sandbox")
+    if sandbox:
+        from deployer.sandbox import hosts as sb
+        if not any(s["running"] for s in sb.status()):
+            err.print("sandbox: starting 1 host ...")
+            sb.start(1)
+        return str(sb.STATE / "inventory.yml")
+    if inventory:
+        if not Path(inventory).exists():
+            _die(Exit.USAGE, f"inventory {inventory}: no such file")
+        return inventory
+    return _adhoc_inventory(host, port, user, key)
+
+
+class Progress:
+    """Human progress lines from Ansible events (or JSON lines with --json)."""
+
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+        self.t0 = time.time()
+        self.last_watch = {}
+
+    def emit(self, obj: dict):
+        obj = dict(obj, t=round(time.time() - self.t0, 2))
+        sys.stdout.write(json.dumps(obj, default=str) + "\n")
+        sys.stdout.flush()
+
+    def __call__(self, ev: dict):
+        data = ev.get("event_data", {})
+        kind = ev.get("event")
+        host = data.get("host")
+        task = data.get("task", "")
+        role = data.get("role", "")
+        if kind == "playbook_on_task_start" and not self.as_json:
+            if task.startswith(("Stage name", "Record ", "Parse ", "Point at", "Name the release", "Read vLLM")):
+                return
+            err.print(f"[dim]{time.time() - self.t0:6.1f}s[/] [cyan]{role or 'play'}[/] {task}")
+        elif kind == "runner_retry" and role in ("watch", "release"):
+            res = data.get("res", {})
+            key = (host, res.get("phase"), res.get("percent"))
+            if key == self.last_watch.get(host):
+                return
+            self.last_watch[host] = key
+            pct = f" {res.get('percent'):.0f}%" if res.get("percent") is not None else ""
+            prog = f" ({res['progress'][0]}/{res['progress'][1]})" if res.get("progress") else ""
+            if self.as_json:
+                self.emit({"event": "phase", "host": host, "phase": res.get("phase"), "percent": res.get("percent"),
+                           "progress": res.get("progress"), "elapsed_seconds": res.get("elapsed_seconds")})
+            else:
+                err.print(f"         [magenta]{host}[/] load: {res.get('phase_title', res.get('phase'))}{pct}{prog}"
+                          f" [dim]{res.get('elapsed_seconds', 0):.0f}s[/]")
+        elif kind == "runner_on_ok" and not self.as_json:
+            res = data.get("res", {})
+            if data.get("task_action") in ("ansible.builtin.debug", "debug") and res.get("msg"):
+                err.print(f"         [green]{host}[/] {res['msg']}")
+            elif res.get("changed") and data.get("task_action") not in ("ansible.builtin.set_fact", "set_fact"):
+                err.print(f"         [yellow]{host} changed[/]")
+        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable") and self.as_json:
+            self.emit({"event": kind.replace("runner_on_", "task_"), "host": host, "role": role, "task": task,
+                       "changed": data.get("res", {}).get("changed")})
+
+
+def _report(res: runner.Result, as_json: bool, what: str) -> int:
+    code = res.exit_code()
+    if as_json:
+        sys.stdout.write(json.dumps({"event": "result", "command": what, "ok": code == Exit.OK, "exit_code": int(code),
+                                     "failures": [f.__dict__ for f in res.failures], "hosts": res.facts},
+                                    default=str) + "\n")
+        return int(code)
+    for f in res.failures:
+        msg = "\n".join(map(str, f.msg)) if isinstance(f.msg, list) else f.msg
+        err.print(f"[bold red]{f.host}: {f.role or 'play'} / {f.task}[/]", highlight=False)
+        err.out(msg, highlight=False)
+    for h, facts in sorted(res.facts.items()):
+        spec = facts.get("_deployer_spec") or {}
+        rel = facts.get("_deployer_release_id", "?")
+        if code == Exit.OK:
+            state = "unchanged, nothing restarted" if facts.get("_deployer_release_is_live") and not facts.get(
+                "_deployer_restarted") else "deployed"
+            out.print(f"[bold green]{h}[/]: release {rel} {state}; EAGLE-3 acceptance rate "
+                      f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}")
+    if not res.processed():
+        err.print("[bold red]no host matched[/] (check the inventory, the 'gpu' group and --limit)")
+    if code != Exit.OK:
+        err.print(f"[bold red]{what} failed[/] (exit {int(code)}: {code.name.lower()})")
+    return int(code)
+
+
+@app.command()
+def up(
+    host: Optional[str] = typer.Option(None, "--host", help="Deploy to this address (ad-hoc inventory of one host)."),
+    port: int = typer.Option(22, "--port", help="SSH port."),
+    user: str = typer.Option("root", "--user", help="SSH user."),
+    key: Optional[str] = typer.Option(None, "--key", help="SSH private key file."),
+    inventory: Optional[str] = typer.Option(None, "-i", "--inventory", help="Ansible inventory (with group_vars)."),
+    sandbox: bool = typer.Option(False, "--sandbox", help="Deploy to the embedded sandbox host."),
+    limit: Optional[str] = typer.Option(None, "--limit", help="Ansible host pattern."),
+    check: bool = typer.Option(False, "--check", help="Show what would change; change nothing."),
+    diff: bool = typer.Option(False, "--diff", help="Show file differences (secrets never shown)."),
+    extra: List[str] = typer.Option([], "-e", "--extra-vars", help="key=value or @file.yml (repeatable)."),
+    serial: int = typer.Option(0, "--serial", help="Rolling deploy: N hosts at a time, stop at the first failure."),
+    no_rollback: bool = typer.Option(False, "--no-rollback", help="Leave a failed release in place for debugging."),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout instead of human output."),
+    verbose: int = typer.Option(0, "-v", count=True),
+):
+    """Deploy (or converge) vLLM + EAGLE-3.  Exit 0 only when the server answered the smoke test."""
+    ev = _parse_extra(extra)
+    if serial:
+        ev["deployer_serial"] = serial
+    if no_rollback:
+        ev["deployer_rollback_enabled"] = False
+    inv = _inventory(host, port, user, key, inventory, sandbox)
+    res = runner.run("up.yml", inv, ev, limit=limit, check=check, diff=diff, on_event=Progress(as_json),
+                     verbosity=verbose)
+    raise typer.Exit(_report(res, as_json, "up"))
+
+
+# ----------------------------------------------------------------------------- sandbox
+@sandbox_app.command("start")
+def sandbox_start(hosts: int = typer.Option(1, "--hosts", "-n", min=1, max=20, help="How many sandbox hosts.")):
+    """Start N sandbox hosts (sbx1..sbxN) and write their inventory."""
+    from deployer.sandbox import hosts as sb
+    t0 = time.time()
+    try:
+        started = sb.start(hosts)
+    except sb.SandboxError as e:
+        _die(Exit.FAILED, str(e))
+    for h in started:
+        out.print(f"{h.name} {h.ip} up (ssh -F {sb.STATE}/ssh_config {h.name})")
+    out.print(f"inventory: {sb.STATE}/inventory.yml  ({time.time() - t0:.1f} s)")
+
+
+@sandbox_app.command("stop")
+def sandbox_stop(name: List[str] = typer.Argument(None, help="Hosts to stop (default: all).")):
+    """Stop sandbox hosts and delete their state."""
+    from deployer.sandbox import hosts as sb
+    out.print("stopped: " + (", ".join(sb.stop(name or None)) or "nothing"))
+
+
+@sandbox_app.command("status")
+def sandbox_status():
+    from deployer.sandbox import hosts as sb
+    for s in sb.status():
+        out.print(f"{s['name']} {s['ip']} {'running' if s['running'] else 'stopped'}")
+
+
+# ----------------------------------------------------------------------------- patch
+def _vllm_root(vllm_root: Optional[str], python: Optional[str]) -> str:
+    from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+    if bool(vllm_root) == bool(python):
+        _die(Exit.USAGE, "give exactly one of --vllm-root DIR or --python VENV_PYTHON")
+    if python:
+        import subprocess
+        r = subprocess.run([python, "-c", "import importlib.util as u, os; "
+                            "print(os.path.dirname(u.find_spec('vllm').origin))"], capture_output=True, text=True)
+        if r.returncode != 0:
+            _die(Exit.USAGE, f"{python}: no vllm package importable ({r.stderr.strip()[-300:]})")
+        return r.stdout.strip()
+    try:
+        return pe.vllm_root_of(vllm_root)
+    except pe.PatchError as e:
+        _die(Exit.USAGE, str(e))
+
+
+def _patch_cmd(action: str, vllm_root, python, as_json):
+    from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+    root = _vllm_root(vllm_root, python)
+    try:
+        if action == "check":
+            res = pe.status(root)
+            res["msg"] = {"native": "native support, nothing to patch", "patched": "patched",
+                          "unpatched": f"needs {', '.join(res.get('needed', []))}",
+                          "partial": "partially patched (an apply was interrupted; run apply)"}[res["state"]]
+        elif action == "diff":
+            res = pe.apply(root, check_mode=True)
+        elif action == "apply":
+            res = pe.apply(root)
+        else:
+            res = pe.revert(root)
+    except pe.PatchError as e:
+        if as_json:
+            sys.stdout.write(json.dumps({"ok": False, "error": str(e)}) + "\n")
+            raise typer.Exit(int(Exit.FAILED))
+        _die(Exit.FAILED, str(e))
+    if as_json:
+        sys.stdout.write(json.dumps(dict(res, ok=True, vllm_root=root)) + "\n")
+        return
+    if action == "diff":
+        sys.stdout.write(res["diff"])
+    out.print(f"{root}: {res['msg']}" + (f" (fingerprint {res['fingerprint']})" if res.get("fingerprint") else ""))
+
+
+_ROOT_OPT = typer.Option(None, "--vllm-root", help="The vllm package directory, its site-packages or its venv.")
+_PY_OPT = typer.Option(None, "--python", help="A venv's python; the vllm it imports is used.")
+_JSON_OPT = typer.Option(False, "--json")
+
+
+@patch_app.command("check")
+def patch_check(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
+    """Which of P1-P5 this vLLM needs (changes nothing)."""
+    _patch_cmd("check", vllm_root, python, as_json)
+
+
+@patch_app.command("diff")
+def patch_diff(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
+    """Unified diff of every edit apply would make (changes nothing)."""
+    _patch_cmd("diff", vllm_root, python, as_json)
+
+
+@patch_app.command("apply")
+def patch_apply(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
+    """Apply exactly the patches needed, all files or none."""
+    _patch_cmd("apply", vllm_root, python, as_json)
+
+
+@patch_app.command("revert")
+def patch_revert(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
+    """Restore the originals byte for byte."""
+    _patch_cmd("revert", vllm_root, python, as_json)
+
+
+def main():
+    app()
+
+
+if __name__ == "__main__":
+    main()

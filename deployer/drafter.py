@@ -1,0 +1,55 @@
+"""Drafter checkpoint manifests (controller side).  Pure apart from reading the files.
+
+The drafter is addressed by the sha256 of its content: ``tree_sha256`` hashes the sorted
+list of (relative path, size, file sha256).  Hashing ~6 GB takes a while, so file hashes are
+cached in ``~/.cache/deployer/hashes.json`` keyed by (path, size, mtime_ns): a no-op ``up``
+never re-reads the weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deployer" / "hashes.json"
+
+
+class DrafterError(ValueError):
+    pass
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tree_manifest(src_dir: str) -> dict:
+    if not src_dir:
+        raise DrafterError("drafter_src_dir is empty; expected the drafter checkpoint directory on this machine")
+    root = Path(os.path.expanduser(src_dir))
+    if not (root / "config.json").is_file():
+        raise DrafterError(f"drafter: {root}/config.json not found; expected an EAGLE-3 drafter checkpoint directory")
+    try:
+        cache = json.loads(CACHE.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    files, dirty = [], False
+    for p in sorted(x for x in root.rglob("*") if x.is_file() and not x.name.startswith(".")):
+        st = p.stat()
+        key = f"{p.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        sha = cache.get(key)
+        if sha is None:
+            sha = cache[key] = _file_sha256(p)
+            dirty = True
+        files.append({"path": str(p.relative_to(root)), "size": st.st_size, "sha256": sha})
+    tree = hashlib.sha256("".join(f"{f['path']}\0{f['size']}\0{f['sha256']}\n" for f in files).encode()).hexdigest()
+    if dirty:
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = CACHE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache))
+        tmp.replace(CACHE)
+    return {"src": str(root), "files": files, "tree_sha256": tree, "bytes": sum(f["size"] for f in files)}

@@ -1,0 +1,129 @@
+"""Run the project's playbooks with ansible-runner and turn its event stream into progress.
+
+The CLI never executes tasks itself: Ansible does, exactly as plain ``ansible-playbook`` would
+(same ansible.cfg, roles, modules).  This module only builds the invocation and reads events.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAYBOOKS = ROOT / "playbooks"
+ANSIBLE_CFG = ROOT / "ansible.cfg"
+
+
+class Exit(IntEnum):
+    """Exit codes a cron job can act on."""
+    OK = 0
+    FAILED = 1          # deploy failed after changes; rolled back (or --no-rollback)
+    USAGE = 2           # bad input; nothing changed
+    PREFLIGHT = 3       # a read-only check failed; nothing changed
+    VERIFY = 4          # vLLM's own checks refused the launch; nothing restarted
+    UNREACHABLE = 5     # SSH failed
+    LOCKED = 6          # another deploy holds the host lock
+
+
+@dataclass
+class Failure:
+    host: str
+    task: str
+    role: str
+    msg: str
+
+
+@dataclass
+class Result:
+    rc: int
+    status: str
+    failures: list[Failure] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)   # host -> {name: value} from debug/set_fact we care about
+    stats: dict = field(default_factory=dict)
+
+    def processed(self) -> set:
+        return set((self.stats or {}).get("processed", {}) or {})
+
+    def exit_code(self) -> Exit:
+        if not self.processed():
+            return Exit.USAGE  # no host matched: never report success for doing nothing
+        if self.rc == 0 and not self.failures and not self.unreachable:
+            return Exit.OK
+        if self.unreachable:
+            return Exit.UNREACHABLE
+        roles = {f.role for f in self.failures}
+        if any(f.task.startswith("Acquire the deploy lock") for f in self.failures):
+            return Exit.LOCKED
+        if roles and roles <= {"preflight", "deployer_common"}:
+            return Exit.PREFLIGHT
+        if roles and roles <= {"verify"}:
+            return Exit.VERIFY
+        return Exit.FAILED
+
+
+WATCHED_FACTS = ("_deployer_release_id", "_deployer_release_is_live", "_deployer_restarted", "_deployer_spec",
+                 "_deployer_reply", "_deployer_patch_fingerprint", "_deployer_argv", "_deployer_verify")
+
+
+def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str | None = None,
+        check: bool = False, diff: bool = False, tags: str | None = None, forks: int | None = None,
+        on_event: Callable[[dict], None] | None = None, verbosity: int = 0) -> Result:
+    import ansible_runner  # imported late: keeps `deployer --help` fast
+
+    pdd = tempfile.mkdtemp(prefix="deployer-run-")
+    os.chmod(pdd, 0o700)  # extravars (may hold secrets) are written here by ansible-runner
+    failures: list[Failure] = []
+    unreachable: list[str] = []
+    facts: dict = {}
+    stats: dict = {}
+
+    def handler(ev: dict) -> bool:
+        data = ev.get("event_data", {})
+        kind = ev.get("event")
+        if kind == "runner_on_failed" and not data.get("ignore_errors"):
+            res = data.get("res", {})
+            msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
+            if res.get("_ansible_no_log"):
+                msg = "(output hidden: it may contain a secret)"
+            failures.append(Failure(data.get("host", "?"), data.get("task", "?"), data.get("role", ""),
+                                    "\n".join(map(str, msg)) if isinstance(msg, list) else str(msg)))
+        elif kind == "runner_on_unreachable":
+            unreachable.append(data.get("host", "?"))
+            failures.append(Failure(data.get("host", "?"), data.get("task", "?"), data.get("role", ""),
+                                    str(data.get("res", {}).get("msg", "unreachable"))))
+        elif kind == "playbook_on_stats":
+            stats.update({k: data.get(k) or {} for k in ("processed", "ok", "changed", "failures", "dark", "skipped")})
+        elif kind == "runner_on_ok":
+            res = data.get("res", {})
+            af = res.get("ansible_facts") or {}
+            for k in WATCHED_FACTS:
+                if k in af:
+                    facts.setdefault(data.get("host", "?"), {})[k] = af[k]
+        if on_event:
+            on_event(ev)
+        return False  # do not keep event files
+
+    cmdline = []
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    env = {"ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    try:
+        r = ansible_runner.run(
+            private_data_dir=pdd, project_dir=str(ROOT), playbook=str(PLAYBOOKS / playbook),
+            inventory=inventory, extravars=extravars or {}, limit=limit, tags=tags, forks=forks,
+            cmdline=" ".join(cmdline) or None, envvars=env, event_handler=handler, quiet=True,
+            verbosity=verbosity or None, suppress_env_files=False,
+        )
+        return Result(rc=r.rc, status=r.status, failures=failures, unreachable=unreachable, facts=facts,
+                      stats=stats)
+    finally:
+        shutil.rmtree(pdd, ignore_errors=True)
