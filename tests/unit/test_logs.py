@@ -1,0 +1,119 @@
+"""The load-phase parser on vLLM's real line formats (shared/reference/kimi-eagle3-serving.md §5)."""
+from deployer.ansible_plugins.module_utils.vllm_logs import (LoadState, eta_seconds, spec_decode_delta,
+                                                             spec_decode_stats, split_lines, strip_prefix)
+
+REAL = [
+    "(Worker_TP0 pid=4242) INFO 05-14 03:15:01 [gpu_model_runner.py:3300] Starting to load model moonshotai/Kimi-K2.5...",
+    "\r(Worker_TP0 pid=4242) Loading safetensors checkpoint shards:   0% Completed | 0/64 [00:00<?, ?it/s]"
+    "\r(Worker_TP0 pid=4242) Loading safetensors checkpoint shards:  45% Completed | 29/64 [01:10<01:32,  2.43s/it]",
+    "(Worker_TP0 pid=4242) INFO 05-14 03:16:08 [default_loader.py:320] Loading weights took 67.26 seconds",
+    "(Worker_TP0 pid=4242) INFO 05-14 03:16:09 [eagle.py:1200] Loading drafter model...",
+    "(Worker_TP0 pid=4242) INFO 05-14 03:16:45 [default_loader.py:320] Loading weights took 36.50 seconds",
+    "(Worker_TP0 pid=4242) INFO 05-14 03:16:46 [gpu_model_runner.py:3400] Model loading took 56.62 GiB memory and 109.207956 seconds",
+    "(EngineCore_DP0 pid=4100) INFO 05-14 03:17:30 [monitor.py:45] torch.compile took 45.24 s in total",
+    "(EngineCore_DP0 pid=4100) INFO 05-14 03:17:40 [kv_cache_utils.py:1100] GPU KV cache size: 319,232 tokens",
+    "(Worker_TP0 pid=4242) Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|##########| 33/33 [00:10<00:00,  3.12it/s]",
+    "(Worker_TP0 pid=4242) INFO 05-14 03:18:40 [gpu_model_runner.py:4100] Graph capturing finished in 41 secs, took 2.39 GiB",
+    "(EngineCore_DP0 pid=4100) INFO 05-14 03:18:41 [core.py:250] init engine (profile, create kv cache, warmup model) took 234.64 s (compilation: 56.37 s)",
+    "(APIServer pid=4000) INFO 05-14 03:18:42 [api_server.py:1900] Starting vLLM server on http://0.0.0.0:5264",
+    "(APIServer pid=4000) INFO:     Application startup complete.",
+]
+
+
+def feed_all(lines):
+    st = LoadState()
+    for i, line in enumerate(lines):
+        st.feed(line, float(i))
+    return st
+
+
+def test_each_phase_in_order():
+    st = LoadState()
+    seen = []
+    for i, line in enumerate(REAL):
+        st.feed(line, float(i))
+        seen.append(st.phase)
+    assert seen[0] == "starting"
+    assert seen[1] == "weights" and st.facts["weights_seconds"] == 67.26
+    assert "drafter" in seen and "compile" in seen and "kv_cache" in seen and "graphs" in seen
+    assert seen[-1] == "ready"
+    assert st.facts["kv_cache_tokens"] == 319232
+    assert st.facts["model_gib"] == 56.62 and st.facts["drafter_weights_seconds"] == 36.5
+    assert st.facts["engine_init_seconds"] == 234.64
+    assert st.fatal is None
+
+
+def test_carriage_return_bars_give_latest_progress():
+    st = feed_all(REAL[:2])
+    assert st.phase == "weights" and st.progress == (29, 64) and st.percent() == 45.3
+    assert len(split_lines(REAL[1])) == 2
+
+
+def test_fastsafetensors_bar():
+    st = feed_all(["Loading safetensors using Fastsafetensor loader:   9% Completed | 1/11 [00:03<00:30, 3.0s/it]"])
+    assert st.phase == "weights" and st.progress == (1, 11)
+
+
+def test_interleaved_ranks_never_move_backwards():
+    lines = REAL[:8] + ["(Worker_TP3 pid=4245) Loading safetensors checkpoint shards: 100% Completed | 64/64 [02:40<00:00]"]
+    st = feed_all(lines)
+    assert st.phase == "kv_cache"  # a late rank-3 weights line does not pull the phase back
+
+
+def test_older_formats():
+    st = feed_all(["(VllmWorker rank=0 pid=9) INFO 01-02 03:04:05 [x.py:1] Model loading took 7.64 GiB and 32.969258 seconds",
+                   "INFO 01-02 03:04:06 [monitor.py:1] torch.compile takes 45.81 s in total",
+                   "INFO 01-02 03:04:07 [core.py:1] init engine (profile, create kv cache, warmup model) took 90.84 seconds",
+                   "INFO 01-02 03:04:08 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000"])
+    assert st.facts["model_load_seconds"] == 32.969258 and st.facts["compile_seconds"] == 45.81
+    assert st.phase == "api"
+
+
+def test_fatal_lines():
+    st = feed_all(REAL[:3] + ["(EngineCore_DP0 pid=1) ERROR 05-14 03:16:09 [core.py:866] EngineCore failed to start.",
+                              "(EngineCore_DP0 pid=1) Traceback (most recent call last):",
+                              "(EngineCore_DP0 pid=1) RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"])
+    assert st.fatal[0] == "engine_dead" or st.fatal[0] == "eagle3_interface"
+    st2 = feed_all(["Traceback (most recent call last):", '  File "x.py", line 1, in f',
+                    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB."])
+    assert st2.fatal[0] == "cuda_oom"
+    st3 = feed_all(["Traceback (most recent call last):", "ValueError: No available memory for the cache blocks."])
+    assert st3.fatal == ("traceback", "ValueError: No available memory for the cache blocks.")
+
+
+def test_unknown_lines_never_break():
+    st = feed_all(["", "\x00\x01garbage", "(Worker pid=) weird", "Loading safetensors checkpoint shards: ???", "ü" * 5000])
+    assert st.phase == "starting" and st.fatal is None
+
+
+def test_strip_prefix():
+    assert strip_prefix("(APIServer pid=7) INFO 11-29 09:00:00 [a.py:3] hello") == "hello"
+
+
+def test_eta_from_previous_release():
+    prev = {"starting": 2, "weights": 100, "drafter": 20, "compile": 50, "kv_cache": 10, "graphs": 40, "api": 5}
+    assert eta_seconds("weights", 40, prev) == 60 + 20 + 50 + 10 + 40 + 5
+    assert eta_seconds("weights", 40, {}) is None
+
+
+METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="kimi-k2.5"} 100.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="kimi-k2.5"} 300.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="kimi-k2.5"} 150.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="kimi-k2.5",position="0"} 70.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="kimi-k2.5",position="1"} 50.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="kimi-k2.5",position="2"} 30.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="kimi-k2.5"} 1.7e9
+"""
+
+
+def test_spec_decode_stats_and_delta():
+    s = spec_decode_stats(METRICS)
+    assert s["present"] and s["acceptance_rate"] == 0.5 and s["mean_acceptance_length"] == 2.5
+    assert s["per_position_rate"] == {"0": 0.7, "1": 0.5, "2": 0.3}
+    before = {"num_drafts": 50.0, "num_draft_tokens": 150.0, "num_accepted_tokens": 60.0}
+    d = spec_decode_delta(before, s)
+    assert d["drafts"] == 50 and d["draft_tokens"] == 150 and d["acceptance_rate"] == 0.6
+    assert d["mean_acceptance_length"] == 2.8
+    assert not spec_decode_stats("# nothing\n")["present"]

@@ -1,0 +1,62 @@
+"""vLLM 0.16.0 fully installed (cached venv): vLLM's own checks before and after the patch."""
+import json
+import subprocess
+
+import pytest
+
+from helpers import CACHE, ROOT
+from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+from deployer.sandbox.hosts import write_drafter_dir, write_model_dir
+from deployer.serve import build_serve_argv
+
+pytestmark = pytest.mark.vllm
+VENV = CACHE / "venvs" / "vllm-0.16.0"
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    if not (VENV / ".deployer-installed").exists():
+        pytest.skip("prepared vLLM 0.16.0 venv missing (scripts/dev.sh prepares it)")
+    d = tmp_path_factory.mktemp("venv") / "vllm-0.16.0"
+    # hard-link clone: the patch engine replaces files by rename, so the cache is never written through
+    subprocess.run(["cp", "-al", str(VENV), str(d)], check=True)
+    subprocess.run(["sed", "-i", f"s#{VENV}#{d}#g", str(d / "bin" / "python")], check=False)
+    return d
+
+
+def verify(clone, tmp_path):
+    write_model_dir(tmp_path / "model", shards=2)
+    write_drafter_dir(tmp_path / "drafter")
+    argv = build_serve_argv(dict(launcher=[str(clone / "bin/vllm")], model=str(tmp_path / "model"),
+                                 served_model_name="kimi-k2.5", port=8000, tensor_parallel_size=8,
+                                 gpu_memory_utilization=0.9, max_model_len=131072,
+                                 speculative={"method": "eagle3", "model": str(tmp_path / "drafter"),
+                                              "num_speculative_tokens": 3}))
+    (tmp_path / "argv.json").write_text(json.dumps(argv))
+    r = subprocess.run([str(clone / "bin/python"), str(ROOT / "roles/verify/files/vllm_verify.py"),
+                        "--argv-json", str(tmp_path / "argv.json")], capture_output=True, text=True, timeout=600)
+    line = [x for x in r.stdout.splitlines() if x.startswith("DEPLOYER-VERIFY ")]
+    assert line, r.stderr[-3000:]
+    return r.returncode, {c["name"]: c for c in json.loads(line[-1][16:])["checks"]}
+
+
+def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path):
+    rc, checks = verify(clone, tmp_path / "before")
+    assert rc == 1
+    assert not checks["supports_eagle3"]["ok"]
+    assert "'KimiK25ForConditionalGeneration': False" in checks["supports_eagle3"]["error"]
+    assert "'DeepseekV2ForCausalLM': False" in checks["supports_eagle3"]["error"]
+    assert checks["argument_parser"]["ok"]
+    assert not checks["config_validation"]["ok"]
+    assert "Eagle3 is only supported for" in checks["config_validation"]["error"]
+    assert "deepseek_v3" in checks["config_validation"]["error"]
+
+    root = pe.vllm_root_of(str(clone))
+    assert pe.apply(root)["patches"] == ["P1", "P2", "P3", "P4", "P5"]
+    rc, checks = verify(clone, tmp_path / "after")
+    assert rc == 0, checks
+    assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
+                                                   "DeepseekV2ForCausalLM": True}
+    assert checks["config_validation"]["detail"]["speculative_method"] == "eagle3"
+    assert checks["config_validation"]["detail"]["text_model_type"] == "deepseek_v3"
+    pe.revert(root)
