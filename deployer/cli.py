@@ -21,8 +21,8 @@ sandbox_app = typer.Typer(no_args_is_help=True, help="The embedded sandbox GPU h
 patch_app = typer.Typer(no_args_is_help=True, help="The EAGLE-3 patch engine (P1-P5) on a local vLLM install.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(patch_app, name="patch")
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
 
 SECRET_VARS = ("render_api_key", "render_hf_token")
 

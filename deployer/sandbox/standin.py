@@ -14,7 +14,9 @@ shared/reference/kimi-eagle3-serving.md §5-6):
   * then serves /health, /v1/models, /v1/chat/completions and /metrics with
     ``vllm:spec_decode_*`` counters that grow with traffic.
 Rehearsal knobs (JSON, /etc/deployer-sandbox/standin.json): load_seconds, crash_phase,
-stall_phase, phase_seconds {phase: s}, acceptance_rate, num_speculative_tokens is read from argv.
+stall_phase, phase_seconds {phase: s}, acceptance_rate, crash_after_ready_seconds, and
+only_if_arg (a string: crash/stall only when some argv word equals it, so a new release can
+fail while the previous one still starts).
 Standard library only (it runs with the host venv's python).
 """
 import argparse
@@ -48,10 +50,10 @@ def log(msg, who="EngineCore_DP0", level="INFO", where="core.py:100"):
     sys.stdout.flush()
 
 
-def bar(desc, total, seconds, stream=sys.stderr):
+def bar(desc, total, seconds, stream=sys.stderr, stop_at=None):
     """A tqdm-style bar: redraws separated by \\r, final newline (vLLM's bar_format)."""
     start = time.time()
-    for n in range(total + 1):
+    for n in range(total + 1 if stop_at is None else stop_at + 1):
         el = time.time() - start
         stream.write("\r(Worker_TP0 pid=%d) %s: %3.0f%% Completed | %d/%d [%02d:%02d<00:00, %.2fit/s]"
                      % (PID, desc, 100.0 * n / total, n, total, el // 60, el % 60, (n / el) if el else 0.0))
@@ -238,6 +240,8 @@ def main(argv):
     s.add_argument("--speculative-config", type=json.loads)
     args, unknown = p.parse_known_args(argv)
     k = knobs()
+    if k.get("only_if_arg") is not None and k["only_if_arg"] not in argv:
+        k["crash_phase"] = k["stall_phase"] = None
     os.makedirs(STATE_DIR, exist_ok=True)
     with open(os.path.join(STATE_DIR, "argv.json"), "w") as f:
         json.dump({"argv": argv, "pid": PID, "started": time.time()}, f)
@@ -250,6 +254,8 @@ def main(argv):
 
     def phase(name):
         if k.get("crash_phase") == name:
+            if name == "weights":  # real vLLM dies part-way through the shard bar
+                bar("Loading safetensors checkpoint shards", shards, min(ps[name], 1.0) / 4, stop_at=shards // 4)
             time.sleep(min(ps[name], 1.0))
             exc, msg = CRASHES[name]
             die(exc, msg)

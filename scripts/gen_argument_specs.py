@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Write roles/*/meta/argument_specs.yml from defaults/main.yml (comments become descriptions).
+
+defaults/main.yml is the documentation; this keeps the spec Ansible validates at run time in step.
+tests/unit/test_roles.py fails when they drift.  Run: python3 scripts/gen_argument_specs.py
+"""
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TYPES = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
+
+
+def parse(path):
+    """(var, default, description) in file order; the description is the comment block above the var."""
+    text = path.read_text()
+    data = yaml.safe_load(text) or {}
+    out, comments, head = [], [], None
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#"):
+            comments.append(s.lstrip("# ").rstrip())
+        elif s and not line.startswith((" ", "-")) and ":" in s and not s.startswith("---"):
+            name = s.split(":", 1)[0]
+            out.append((name, data[name], " ".join(c for c in comments if c) or name.replace("_", " ")))
+            comments = []
+        elif not s:
+            if head is None and not out and comments:
+                head = " ".join(c for c in comments if c)  # the file's header block
+            comments = []
+    return head or "", out
+
+
+def spec_for(role):
+    head, vars_ = parse(role / "defaults/main.yml")
+    options = {}
+    for name, default, desc in vars_:
+        t = TYPES.get(type(default), "raw")
+        if isinstance(default, str) and "{{" in default:
+            t = "str"
+        opt = {"description": desc, "type": t, "default": default}
+        if t == "list":
+            opt["elements"] = "str" if not default or isinstance(default[0], str) else "raw"
+        options[name] = opt
+    return {"argument_specs": {"main": {"short_description": head.split(":")[0] if head else role.name,
+                                        "description": [head] if head else [], "options": options}}}
+
+
+def main(check=False):
+    bad = []
+    for role in sorted((ROOT / "roles").iterdir()):
+        if not (role / "defaults/main.yml").exists():
+            continue
+        want = "---\n# Generated from defaults/main.yml by scripts/gen_argument_specs.py; edit the defaults.\n" + \
+            yaml.safe_dump(spec_for(role), sort_keys=False, width=110)
+        path = role / "meta/argument_specs.yml"
+        if check:
+            if not path.exists() or path.read_text() != want:
+                bad.append(str(path.relative_to(ROOT)))
+        else:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(want)
+    if bad:
+        print("out of date:", ", ".join(bad))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(check="--check" in sys.argv))

@@ -1,0 +1,141 @@
+"""The whole deploy against a real sandbox host: real sshd, real systemd, real Ansible, real vLLM in the venv."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT
+
+pytestmark = pytest.mark.sandbox
+if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
+    pytest.skip("sandbox tests need root and systemd-nspawn (scripts/dev.sh installs it)", allow_module_level=True)
+
+from deployer.sandbox import hosts as sb  # noqa: E402
+
+H = "sbx1"
+SVC = "deployer-vllm"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    sb.stop([H])
+    sb.start(1)
+    yield
+    sb.stop([H])
+
+
+def up(*args, timeout=900):
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", "up", "--sandbox", *args],
+                       capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    r.seconds = time.time() - t0
+    return r
+
+
+def sh(cmd, check=True):
+    return sb.ssh(H, cmd, check=check).stdout.strip()
+
+
+def host_state():
+    """Everything a failed preflight must leave untouched."""
+    return sh(f"(find /opt/deployer -path /opt/deployer/cache -prune -o -printf '%p %s %T@\\n' 2>/dev/null | sort; "
+              f"cat /etc/systemd/system/{SVC}.service 2>/dev/null; systemctl show -p MainPID -p ActiveState {SVC}) "
+              "| sha256sum")
+
+
+def main_pid():
+    return sh(f"systemctl show -p MainPID --value {SVC}")
+
+
+def test_01_full_up_then_noop():
+    r = up()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "deployed" in r.stdout and "EAGLE-3 acceptance rate 0." in r.stdout
+    assert "patched vLLM 0.16.0: P1, P2, P3, P4, P5" in r.stderr
+    assert "supports_eagle3(KimiK25ForConditionalGeneration) = True" in sh(f"journalctl -u {SVC} --no-pager")
+    cur = sh("readlink /opt/deployer/current")
+    argv = json.loads(sh("cat /opt/deployer/current/argv.json"))
+    assert argv[:3] == ["/opt/deployer/venvs/vllm-0.16.0/bin/python", sb.STANDIN_PATH, "serve"]
+    assert json.loads(sh("cat /run/deployer-standin/argv.json"))["argv"] == argv[2:]
+    assert sh("stat -c %a " + cur + "/vllm.env") == "600"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["method"] == "eagle3" and spec["model"].startswith("/opt/deployer/drafters/")
+    assert sh(f"test -f {spec['model']}/.deployer-complete && echo ok") == "ok"
+    pid = main_pid()
+
+    r2 = up()
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    assert "unchanged, nothing restarted" in r2.stdout
+    assert main_pid() == pid and sh("readlink /opt/deployer/current") == cur
+    assert sh("ls /opt/deployer/releases | wc -l") == "1"
+
+
+def test_02_hostile_value_reaches_server_intact_and_runs_nothing():
+    evil = "/a b'\";$(touch /tmp/pwned)`touch /tmp/pwned2` %n $HOME \\x"
+    r = up("-e", json.dumps({"render_extra_args": ["--root-path", evil]}).join(["render_extra_args=", ""])
+           .replace('render_extra_args={"render_extra_args": ', "render_extra_args=").rstrip("}"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(sh("cat /run/deployer-standin/argv.json"))["argv"]
+    assert got[got.index("--root-path") + 1] == evil
+    assert sh("ls /tmp/pwned /tmp/pwned2 2>/dev/null; true") == ""
+    assert not os.path.exists("/tmp/pwned")
+
+
+@pytest.mark.parametrize("case", ["seven_gpus", "missing_shard", "no_disk"])
+def test_03_preflight_failure_changes_nothing(case):
+    before = host_state()
+    extra = []
+    if case == "seven_gpus":
+        sb.set_knobs(H, gpus={"count": 7})
+    elif case == "missing_shard":
+        sh(f"mv {sb.MODEL_DIR}/model-00017-of-000064.safetensors /root/shard17")
+    else:
+        extra = ["-e", "preflight_min_free_disk_gib=100000"]
+    try:
+        r = up(*extra, "-e", "render_gpu_memory_utilization=0.8")  # a would-be new release
+    finally:
+        sb.set_knobs(H, gpus={})
+        sh(f"test -f /root/shard17 && mv /root/shard17 {sb.MODEL_DIR}/model-00017-of-000064.safetensors; true")
+    assert r.returncode == 3, r.stdout + r.stderr
+    expect = {"seven_gpus": "GPU count: measured 7, expected 8",
+              "missing_shard": "model shards: measured 63 of 64 present",
+              "no_disk": "GiB, expected >= 100000 GiB"}[case]
+    assert expect in " ".join(r.stderr.split()), r.stderr
+    assert host_state() == before
+
+
+def test_04_crash_during_load_is_reported_within_seconds_and_rolled_back():
+    live = sh("readlink /opt/deployer/current")
+    sb.set_knobs(H, standin={"crash_phase": "weights", "load_seconds": 4, "only_if_arg": "0.85"})
+    try:
+        r = up("-e", "render_gpu_memory_utilization=0.85", "-e", "watch_budget_seconds=1200")
+    finally:
+        sb.set_knobs(H, standin={})
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = " ".join(r.stderr.split())
+    assert "deploy failed in stage 'watch'; rolled back to the last live release" in err
+    assert "CUDA out of memory" in err and "loading weights" in err
+    assert r.seconds < 180, f"took {r.seconds:.0f} s: the crash must be seen in seconds, not after the budget"
+    assert sh("readlink /opt/deployer/current") == live
+    assert sh(f"systemctl is-active {SVC}") == "active"
+    assert sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health") == "200"
+    failed = [json.loads(sh(f"cat {d}/release.json")) for d in sh("ls -d /opt/deployer/releases/*").split()]
+    assert any(f.get("result") == "failed" and f.get("failed_stage") == "watch" for f in failed)
+
+
+def test_05_patching_disabled_fails_at_verification_before_any_restart():
+    pid = main_pid()
+    unit = sh(f"sha256sum /etc/systemd/system/{SVC}.service")
+    r = up("-e", "vllm_patch_enabled=false", "-e", "render_gpu_memory_utilization=0.86")
+    assert r.returncode == 4, r.stdout + r.stderr
+    err = " ".join(r.stderr.split())
+    assert "verification failed before any restart" in err
+    assert "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested" in err
+    assert "Eagle3 is only supported for" in err          # vLLM's own config validation (P4 missing)
+    assert main_pid() == pid and sh(f"sha256sum /etc/systemd/system/{SVC}.service") == unit
+    r = up()  # patches back; the live release is unchanged
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,53 @@
+"""Roles and modules follow their conventions; the playbook parses."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import ROOT
+
+ROLES = sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir())
+MODULES = sorted((ROOT / "deployer/ansible_plugins/modules").glob("*.py"))
+MODULES = [m for m in MODULES if m.name != "__init__.py"]
+UNITS = ("_seconds", "_gib", "_mib", "_bytes")
+
+
+def test_argument_specs_match_defaults():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/gen_argument_specs.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_role_variables_are_prefixed_and_documented(role):
+    text = (role / "defaults/main.yml").read_text()
+    data = yaml.safe_load(text) or {}
+    prefix = role.name.split("_")[0] if role.name != "deployer_common" else "deployer"
+    for name in data:
+        assert name.startswith(prefix + "_") or name.startswith(role.name + "_"), f"{role.name}: {name} not prefixed"
+        i = text.index(f"\n{name}:")
+        assert text[:i].rstrip().splitlines()[-1].lstrip().startswith("#"), f"{name} has no comment above it"
+        if any(w in name for w in ("timeout", "budget", "delay", "disk", "memory")):
+            assert name.endswith(UNITS + ("_utilization",)), f"{name}: say the unit in the name"
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda p: p.stem)
+def test_module_docs(module):
+    tree = ast.parse(module.read_text())
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    doc = yaml.safe_load(consts["DOCUMENTATION"])
+    assert doc["module"] == module.stem and doc["options"] and doc["attributes"]["check_mode"]["support"]
+    assert yaml.safe_load(consts["EXAMPLES"]) and yaml.safe_load(consts["RETURN"])
+    assert "supports_check_mode=True" in module.read_text()
+
+
+def test_playbook_syntax():
+    env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "--syntax-check",
+                        "-i", str(ROOT / "inventory/example/hosts.yml"), str(ROOT / "playbooks/up.yml")],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
