@@ -21,6 +21,8 @@ sandbox_app = typer.Typer(no_args_is_help=True, help="The embedded sandbox GPU h
 patch_app = typer.Typer(no_args_is_help=True, help="The EAGLE-3 patch engine (P1-P5) on a local vLLM install.")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(patch_app, name="patch")
+schedule_app = typer.Typer(no_args_is_help=True, help="Scheduled redeploys (systemd timer, or cron without systemd).")
+app.add_typer(schedule_app, name="schedule")
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
@@ -93,7 +95,7 @@ class Progress:
         self.last_watch = {}
 
     def emit(self, obj: dict):
-        obj = dict(obj, t=round(time.time() - self.t0, 2))
+        obj = dict(obj, t=round(time.time() - self.t0, 2), ts=round(time.time(), 3))
         sys.stdout.write(json.dumps(obj, default=str) + "\n")
         sys.stdout.flush()
 
@@ -115,12 +117,23 @@ class Progress:
             self.last_watch[host] = key
             pct = f" {res.get('percent'):.0f}%" if res.get("percent") is not None else ""
             prog = f" ({res['progress'][0]}/{res['progress'][1]})" if res.get("progress") else ""
+            eta = res.get("eta_seconds")
             if self.as_json:
                 self.emit({"event": "phase", "host": host, "phase": res.get("phase"), "percent": res.get("percent"),
-                           "progress": res.get("progress"), "elapsed_seconds": res.get("elapsed_seconds")})
+                           "progress": res.get("progress"), "elapsed_seconds": res.get("elapsed_seconds"),
+                           "eta_seconds": eta})
             else:
+                eta_s = f", ETA {int(eta) // 60}m{int(eta) % 60:02d}s" if eta is not None else ""
                 err.print(f"         [magenta]{host}[/] load: {res.get('phase_title', res.get('phase'))}{pct}{prog}"
-                          f" [dim]{res.get('elapsed_seconds', 0):.0f}s[/]")
+                          f" [dim]{res.get('elapsed_seconds', 0):.0f}s{eta_s}[/]")
+        elif kind == "runner_on_ok" and data.get("task_action") == "vllm_watch":
+            res = data.get("res", {})
+            if self.as_json:
+                self.emit({"event": "watch_done", "host": host, "state": res.get("state"), "phase": res.get("phase"),
+                           "reason": res.get("reason"), "elapsed_seconds": res.get("elapsed_seconds"),
+                           "phase_seconds": res.get("phase_seconds")})
+            elif res.get("state") != "ready":
+                err.print(f"         [red]{host} {res.get('state')}[/]: {res.get('reason')}")
         elif kind == "runner_on_ok" and not self.as_json:
             res = data.get("res", {})
             if data.get("task_action") in ("ansible.builtin.debug", "debug") and res.get("msg"):
@@ -132,11 +145,32 @@ class Progress:
                        "changed": data.get("res", {}).get("changed")})
 
 
+def _lock_note(holder: dict) -> str:
+    """Stale or live?  Only the controller that took the lock can tell whether its process is gone."""
+    import socket
+    if not holder:
+        return ""
+    if holder.get("controller") == socket.gethostname():
+        try:
+            os.kill(int(holder.get("pid", 0)), 0)
+            return "held by a live deploy on this machine; wait for it"
+        except (ProcessLookupError, ValueError):
+            return "STALE: its process is gone; `deployer unlock` removes it"
+        except PermissionError:
+            return "held by a live process of another user"
+    return f"held from {holder.get('controller')}; if that run died, `deployer unlock` removes it"
+
+
 def _report(res: runner.Result, as_json: bool, what: str) -> int:
     code = res.exit_code()
+    for f in res.failures:
+        if f.res.get("locked"):
+            f.res["lock_state"] = _lock_note(f.res.get("holder") or {})
+            f.msg = f"{f.msg}\n{f.res['lock_state']}"
     if as_json:
         sys.stdout.write(json.dumps({"event": "result", "command": what, "ok": code == Exit.OK, "exit_code": int(code),
-                                     "failures": [f.__dict__ for f in res.failures], "hosts": res.facts},
+                                     "failures": [f.__dict__ for f in res.failures], "hosts": res.facts,
+                                     "processed": sorted(res.processed())},
                                     default=str) + "\n")
         return int(code)
     for f in res.failures:
@@ -149,8 +183,9 @@ def _report(res: runner.Result, as_json: bool, what: str) -> int:
         if code == Exit.OK:
             state = "unchanged, nothing restarted" if facts.get("_deployer_release_is_live") and not facts.get(
                 "_deployer_restarted") else "deployed"
-            out.print(f"[bold green]{h}[/]: release {rel} {state}; EAGLE-3 acceptance rate "
-                      f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}")
+            acc = (f"; EAGLE-3 acceptance rate {spec.get('acceptance_rate')}, mean acceptance length "
+                   f"{spec.get('mean_acceptance_length')}") if spec else ""
+            out.print(f"[bold green]{h}[/]: release {rel} {state}{acc}")
     if not res.processed():
         err.print("[bold red]no host matched[/] (check the inventory, the 'gpu' group and --limit)")
     if code != Exit.OK:
@@ -172,11 +207,15 @@ def up(
     extra: List[str] = typer.Option([], "-e", "--extra-vars", help="key=value or @file.yml (repeatable)."),
     serial: int = typer.Option(0, "--serial", help="Rolling deploy: N hosts at a time, stop at the first failure."),
     no_rollback: bool = typer.Option(False, "--no-rollback", help="Leave a failed release in place for debugging."),
+    if_changed: bool = typer.Option(False, "--if-changed", help="Do nothing when the desired release is already live."),
     as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout instead of human output."),
     verbose: int = typer.Option(0, "-v", count=True),
 ):
     """Deploy (or converge) vLLM + EAGLE-3.  Exit 0 only when the server answered the smoke test."""
     ev = _parse_extra(extra)
+    ev["deployer_run_pid"] = os.getpid()
+    if if_changed:
+        ev["deployer_if_changed"] = True
     if serial:
         ev["deployer_serial"] = serial
     if no_rollback:
@@ -185,6 +224,247 @@ def up(
     res = runner.run("up.yml", inv, ev, limit=limit, check=check, diff=diff, on_event=Progress(as_json),
                      verbosity=verbose)
     raise typer.Exit(_report(res, as_json, "up"))
+
+
+def _target_opts(host, port, user, key, inventory, sandbox):
+    return _inventory(host, port, user, key, inventory, sandbox)
+
+
+_HOST = typer.Option(None, "--host", help="Host address (ad-hoc inventory of one host).")
+_PORT = typer.Option(22, "--port", help="SSH port.")
+_USER = typer.Option("root", "--user", help="SSH user.")
+_KEY = typer.Option(None, "--key", help="SSH private key file.")
+_INV = typer.Option(None, "-i", "--inventory", help="Ansible inventory.")
+_SBX = typer.Option(False, "--sandbox", help="The embedded sandbox host(s).")
+_LIMIT = typer.Option(None, "--limit", help="Ansible host pattern.")
+
+
+@app.command()
+def rollback(
+    to: Optional[str] = typer.Option(None, "--to", help="Release id (default: the one before the live one)."),
+    host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key: Optional[str] = _KEY,
+    inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT,
+    extra: List[str] = typer.Option([], "-e", "--extra-vars"),
+    as_json: bool = typer.Option(False, "--json"),
+):
+    """Go back to the previous (or a named) release without reinstalling: flip, restart, watch, smoke."""
+    ev = _parse_extra(extra)
+    ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": to or ""})
+    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    res = runner.run("rollback.yml", inv, ev, limit=limit, on_event=Progress(as_json))
+    raise typer.Exit(_report(res, as_json, "rollback"))
+
+
+def _read_hosts(playbook_vars: dict, host, port, user, key, inventory, sandbox, limit, extra) -> dict:
+    ev = _parse_extra(extra)
+    ev.update(playbook_vars)
+    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    res = runner.run("releases.yml", inv, ev, limit=limit)
+    if res.exit_code() != Exit.OK:
+        raise typer.Exit(_report(res, False, "read"))
+    return {h: f.get("_deployer_status", {}) for h, f in res.facts.items()}
+
+
+def _ts(t) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(float(t))) if t else "-"
+
+
+@app.command()
+def releases(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key: Optional[str] = _KEY,
+             inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT,
+             extra: List[str] = typer.Option([], "-e", "--extra-vars"), as_json: bool = typer.Option(False, "--json")):
+    """The releases on each host, newest first."""
+    from rich.table import Table
+    data = _read_hosts({}, host, port, user, key, inventory, sandbox, limit, extra)
+    if as_json:
+        sys.stdout.write(json.dumps(data, default=str) + "\n")
+        return
+    for h, st in sorted(data.items()):
+        t = Table(title=f"{h}: releases")
+        for c in ("", "id", "vLLM", "patch", "result", "deployed", "load s", "accept"):
+            t.add_column(c, no_wrap=True)
+        rels = sorted(st.get("releases", []), key=lambda r: r.get("deployed_at") or r.get("created_at") or 0,
+                      reverse=True)
+        for r in rels:
+            mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
+            t.add_row(mark, r["id"], str(r.get("vllm_version") or "-"), str(r.get("patch_fingerprint") or "native"),
+                      str(r.get("result") or "-"), _ts(r.get("deployed_at")), str(r.get("load_seconds") or "-"),
+                      str(r.get("acceptance_rate") or "-"))
+        out.print(t)
+        if st.get("lock"):
+            out.print(f"[yellow]locked[/] by {st['lock']}")
+
+
+@app.command()
+def status(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key: Optional[str] = _KEY,
+           inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT,
+           extra: List[str] = typer.Option([], "-e", "--extra-vars"), as_json: bool = typer.Option(False, "--json")):
+    """Live release, health, uptime, GPU memory in use, live EAGLE-3 acceptance."""
+    data = _read_hosts({"deployer_status_live": True}, host, port, user, key, inventory, sandbox, limit, extra)
+    if as_json:
+        sys.stdout.write(json.dumps(data, default=str) + "\n")
+        return
+    bad = False
+    for h, st in sorted(data.items()):
+        unit = st.get("unit") or {}
+        spec = st.get("spec") or {}
+        gpu = st.get("gpu_memory_used_mib") or []
+        healthy = st.get("health") == 200
+        bad |= not healthy
+        out.print(f"[bold]{h}[/]: release {st.get('current') or '-'} (previous {st.get('previous') or '-'}); "
+                  f"unit {unit.get('ActiveState', '?')} since {unit.get('ActiveEnterTimestamp', '?') or '-'}, "
+                  f"restarts {unit.get('NRestarts', '?')}; health {st.get('health')}")
+        out.print(f"  GPU memory in use: {sum(gpu)} MiB over {len(gpu)} GPUs; EAGLE-3 acceptance rate "
+                  f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}"
+                  + (f"; [yellow]locked[/] by {st['lock'].get('user')}@{st['lock'].get('controller')}" if st.get('lock') else ""))
+    raise typer.Exit(int(Exit.FAILED) if bad else 0)
+
+
+@app.command()
+def unlock(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key: Optional[str] = _KEY,
+           inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT):
+    """Remove a host's deploy lock (after checking `deployer releases` shows who holds it)."""
+    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    res = runner.run("unlock.yml", inv, {}, limit=limit, on_event=Progress(False))
+    raise typer.Exit(_report(res, False, "unlock"))
+
+
+@app.command()
+def logs(follow: bool = typer.Option(False, "-f", "--follow"), lines: int = typer.Option(100, "-n", "--lines"),
+         host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key: Optional[str] = _KEY,
+         sandbox: bool = _SBX, sandbox_host: str = typer.Option("sbx1", "--sandbox-host"),
+         service: str = typer.Option("deployer-vllm", "--service")):
+    """The server's log (journal), streamed over SSH with fabric."""
+    from fabric import Config, Connection
+    if bool(host) == bool(sandbox):
+        _die(Exit.USAGE, "say which host: --host ADDR or --sandbox")
+    cmd = f"journalctl -u {service} --no-pager -n {int(lines)}" + (" -f" if follow else "")
+    if sandbox:
+        from deployer.sandbox import hosts as sb
+        cfg = Config(runtime_ssh_path=str(sb.STATE / "ssh_config"))
+        conn = Connection(sandbox_host, config=cfg)
+    else:
+        conn = Connection(host, user=user, port=port, connect_kwargs={"key_filename": key} if key else {})
+    try:
+        r = conn.run(cmd, pty=follow, warn=True)
+    except KeyboardInterrupt:
+        raise typer.Exit(0)
+    raise typer.Exit(0 if r.ok else int(Exit.FAILED))
+
+
+# ----------------------------------------------------------------------------- schedule
+@schedule_app.command("add")
+def schedule_add(
+    at: str = typer.Option(..., "--at", help="'Sun 03:00', 'Mon,Thu 02:30', 'daily 03:00'."),
+    host: Optional[str] = _HOST, inventory: Optional[str] = _INV, sandbox: bool = _SBX,
+    if_changed: bool = typer.Option(False, "--if-changed", help="Redeploy only when the desired release differs."),
+    window: Optional[str] = typer.Option(None, "--window", help="Only act between HH:MM-HH:MM (controller time)."),
+    webhook: Optional[str] = typer.Option(None, "--webhook", help="POST the result as JSON to this URL."),
+    extra: List[str] = typer.Option([], "-e", "--extra-vars"),
+):
+    """Schedule a non-interactive `deployer up` (JSON output to a log)."""
+    from deployer import schedule as sc
+    if sum(bool(x) for x in (host, inventory, sandbox)) != 1:
+        _die(Exit.USAGE, "say where to deploy: exactly one of --host, -i or --sandbox")
+    target = ["--host", host] if host else (["-i", str(Path(inventory).resolve())] if inventory else ["--sandbox"])
+    for e in extra:
+        if any(e.startswith(k + "=") for k in SECRET_VARS):
+            _die(Exit.USAGE, f"-e {e.split('=')[0]}=...: secrets are not stored in schedules; "
+                             "use DEPLOYER_API_KEY in the scheduler's environment or a vault file")
+    s = sc.Schedule(id=sc.new_id(), at=at, target=target, if_changed=if_changed, window=window, webhook=webhook,
+                    extra=list(extra))
+    try:
+        how = sc.install(s)
+    except sc.ScheduleError as e:
+        _die(Exit.USAGE, str(e))
+    items = sc.load()
+    items[s.id] = s
+    sc.save(items)
+    out.print(f"schedule {s.id}: {how}; log {s.log_path()}")
+
+
+@schedule_app.command("list")
+def schedule_list(as_json: bool = typer.Option(False, "--json")):
+    from dataclasses import asdict
+    from deployer import schedule as sc
+    items = sc.load()
+    if as_json:
+        sys.stdout.write(json.dumps([asdict(v) for v in items.values()]) + "\n")
+        return
+    for s in items.values():
+        out.print(f"{s.id}  at {s.at}  {' '.join(s.target)}  if-changed={s.if_changed}  window={s.window or '-'}")
+
+
+@schedule_app.command("remove")
+def schedule_remove(sid: str = typer.Argument(...)):
+    from deployer import schedule as sc
+    items = sc.load()
+    if sid not in items:
+        _die(Exit.USAGE, f"no schedule {sid!r} (see `deployer schedule list`)")
+    sc.uninstall(sid)
+    del items[sid]
+    sc.save(items)
+    out.print(f"removed schedule {sid}")
+
+
+@schedule_app.command("run")
+def schedule_run(sid: str = typer.Argument(...)):
+    """What the timer/cron runs: window check, `up --json`, log, webhook.  Exit code = up's."""
+    import datetime
+    import subprocess
+    from deployer import schedule as sc
+    items = sc.load()
+    if sid not in items:
+        _die(Exit.USAGE, f"no schedule {sid!r}")
+    s = items[sid]
+    s.log_path().parent.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now()
+
+    def record(obj):
+        obj = dict(obj, schedule=sid, at=now.isoformat(timespec="seconds"))
+        with open(s.log_path(), "a") as f:
+            f.write(json.dumps(obj) + "\n")
+        out.print(json.dumps(obj))
+        if s.webhook:
+            import requests
+            from tenacity import retry, stop_after_attempt, wait_exponential
+
+            @retry(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=1, max=10), reraise=True)
+            def post():
+                requests.post(s.webhook, json=obj, timeout=10).raise_for_status()
+            try:
+                post()
+            except Exception as e:  # a notification failure never changes the deploy's outcome
+                err.print(f"webhook failed: {e}")
+
+    if not sc.in_window(s.window, now):
+        record({"event": "skipped", "reason": f"outside window {s.window} (now {now:%H:%M})", "exit_code": 0})
+        raise typer.Exit(0)
+    cmd = [sc.deployer_path(), "up", *s.target, "--json"] + (["--if-changed"] if s.if_changed else [])
+    for e in s.extra:
+        cmd += ["-e", e]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    result = {}
+    for line in p.stdout.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("event") == "result":
+            result = ev
+    with open(s.log_path(), "a") as f:
+        f.write(p.stdout)
+    if p.returncode == Exit.LOCKED:
+        reason = "host locked by another run; did nothing"
+    elif p.returncode == 0:
+        live = [h for h, f in (result.get("hosts") or {}).items()
+                if f.get("_deployer_release_is_live") and not f.get("_deployer_restarted")]
+        reason = "nothing changed; did nothing" if live and len(live) == len(result.get("hosts") or {}) else "deployed"
+    else:
+        reason = "deploy failed"
+    record({"event": "scheduled_up", "exit_code": p.returncode, "reason": reason,
+            "failures": result.get("failures", []), "hosts": sorted((result.get("hosts") or {}).keys())})
+    raise typer.Exit(p.returncode)
 
 
 # ----------------------------------------------------------------------------- sandbox

@@ -36,6 +36,7 @@ class Failure:
     task: str
     role: str
     msg: str
+    res: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Result:
         if self.unreachable:
             return Exit.UNREACHABLE
         roles = {f.role for f in self.failures}
-        if any(f.task.startswith("Acquire the deploy lock") for f in self.failures):
+        if any(f.res.get("locked") for f in self.failures):
             return Exit.LOCKED
         if roles and roles <= {"preflight", "deployer_common"}:
             return Exit.PREFLIGHT
@@ -68,7 +69,7 @@ class Result:
 
 
 WATCHED_FACTS = ("_deployer_release_id", "_deployer_release_is_live", "_deployer_restarted", "_deployer_spec",
-                 "_deployer_reply", "_deployer_patch_fingerprint", "_deployer_argv", "_deployer_verify")
+                 "_deployer_reply", "_deployer_patch_fingerprint", "_deployer_argv", "_deployer_verify", "_deployer_status")
 
 
 def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str | None = None,
@@ -92,7 +93,8 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
             if res.get("_ansible_no_log"):
                 msg = "(output hidden: it may contain a secret)"
             failures.append(Failure(data.get("host", "?"), data.get("task", "?"), data.get("role", ""),
-                                    "\n".join(map(str, msg)) if isinstance(msg, list) else str(msg)))
+                                    "\n".join(map(str, msg)) if isinstance(msg, list) else str(msg),
+                                    {k: res[k] for k in ("holder", "locked") if k in res}))
         elif kind == "runner_on_unreachable":
             unreachable.append(data.get("host", "?"))
             failures.append(Failure(data.get("host", "?"), data.get("task", "?"), data.get("role", ""),

@@ -11,7 +11,7 @@ export UV_CACHE_DIR=${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}
 
 apt_deps() {
   local need=()
-  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv; do
+  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

@@ -64,6 +64,15 @@ def bar(desc, total, seconds, stream=sys.stderr, stop_at=None):
     stream.flush()
 
 
+def mark(name):
+    """Rehearsal bookkeeping for the benchmarks: when did the stand-in die / become ready."""
+    try:
+        with open(os.path.join(STATE_DIR, name), "w") as f:
+            f.write("%.6f\n" % time.time())
+    except OSError:
+        pass
+
+
 def die(exc_type, message, where="vllm/v1/worker/gpu_model_runner.py", func="load_model"):
     log("EngineCore failed to start.", level="ERROR", where="core.py:866")
     sys.stdout.write("(EngineCore_DP0 pid=%d) Traceback (most recent call last):\n" % PID)
@@ -72,6 +81,7 @@ def die(exc_type, message, where="vllm/v1/worker/gpu_model_runner.py", func="loa
     sys.stdout.write("RuntimeError: Engine core initialization failed. See root cause above. "
                      "Failed core proc(s): {}\n")
     sys.stdout.flush()
+    mark("died_at")
     sys.exit(1)
 
 
@@ -252,16 +262,20 @@ def main(argv):
     ps = dict((ph, float(k["load_seconds"]) / len(PHASES)) for ph in PHASES)
     ps.update(k.get("phase_seconds") or {})
 
+    def stall(name):
+        if k.get("stall_phase") == name:
+            while True:  # hang silently after the phase's first line, like an NCCL deadlock
+                time.sleep(3600)
+
     def phase(name):
+        if k.get("stall_phase") == name and name in ("weights", "drafter", "api"):
+            stall(name)
         if k.get("crash_phase") == name:
             if name == "weights":  # real vLLM dies part-way through the shard bar
                 bar("Loading safetensors checkpoint shards", shards, min(ps[name], 1.0) / 4, stop_at=shards // 4)
             time.sleep(min(ps[name], 1.0))
             exc, msg = CRASHES[name]
             die(exc, msg)
-        if k.get("stall_phase") == name:
-            while True:  # hang silently, like an NCCL deadlock
-                time.sleep(3600)
 
     cfg_path = os.path.join(args.model_tag, "config.json")
     if not os.path.exists(cfg_path):
@@ -294,6 +308,7 @@ def main(argv):
     phase("compile")
     log("Using cache directory: /root/.cache/vllm/torch_compile_cache/0f1e2d3c/rank_0_0/backbone for vLLM's "
         "torch.compile", where="backends.py:610")
+    stall("compile")
     time.sleep(ps["compile"] / 2)
     log("Dynamo bytecode transform time: %.2f s" % (ps["compile"] / 2), where="monitor.py:34")
     time.sleep(ps["compile"] / 2)
@@ -301,9 +316,14 @@ def main(argv):
     phase("kv_cache")
     time.sleep(ps["kv_cache"])
     log("Available KV cache memory: 11.42 GiB", who="Worker_TP0", where="gpu_worker.py:300")
+    stall("kv_cache")
     log("GPU KV cache size: 418,016 tokens", where="kv_cache_utils.py:1100")
     log("Maximum concurrency for 131,072 tokens per request: 3.19x", where="kv_cache_utils.py:1104")
     phase("graphs")
+    if k.get("stall_phase") == "graphs":
+        bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 33, 0.2, stop_at=5)
+        sys.stderr.write("\n")  # so the partial bar reaches the journal before the hang
+        stall("graphs")
     bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 33, ps["graphs"] / 2)
     bar("Capturing CUDA graphs (decode, FULL)", 19, ps["graphs"] / 2)
     log("Graph capturing finished in %d secs, took 2.39 GiB" % max(1, int(ps["graphs"])), who="Worker_TP0",
@@ -322,6 +342,7 @@ def main(argv):
     log("Available routes are:", who="APIServer", where="launcher.py:46")
     sys.stdout.write("(APIServer pid=%d) INFO:     Application startup complete.\n" % PID)
     sys.stdout.flush()
+    mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
         threading.Timer(float(k["crash_after_ready_seconds"]), lambda: os._exit(1)).start()
     srv.serve_forever()

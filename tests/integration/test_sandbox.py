@@ -22,10 +22,10 @@ SVC = "deployer-vllm"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    sb.stop([H])
+    sb.stop()
     sb.start(1)
     yield
-    sb.stop([H])
+    sb.stop()
 
 
 def up(*args, timeout=900):

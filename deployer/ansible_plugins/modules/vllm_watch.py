@@ -34,6 +34,10 @@ options:
     description: Overall load budget since the unit's start; past it the state is C(timeout).
     type: int
     default: 1800
+  previous_phase_seconds:
+    description: Per-phase durations recorded by the previous successful release; used for an ETA.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -78,6 +82,10 @@ reason:
   description: Why the state is not loading/ready, in words.
   returned: always
   type: str
+eta_seconds:
+  description: Seconds until ready, from the previous release's phase durations (null without them).
+  returned: always
+  type: float
 tail:
   description: Last log lines (on failure).
   returned: always
@@ -89,7 +97,7 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_logs import LoadState
+from ansible.module_utils.vllm_logs import LoadState, eta_seconds
 
 TAIL = 40
 
@@ -155,7 +163,9 @@ def look(module, p):
     res = dict(phase=snap["phase"], phase_title=snap["phase_title"], percent=snap["percent"],
                progress=snap["progress"], phase_seconds=snap["phase_seconds"], facts=snap["facts"],
                warnings=snap["warnings"], elapsed_seconds=round(elapsed, 1), pid=props.get("MainPID"),
-               active_state=props.get("ActiveState"), tail=[], reason="", fatal=snap["fatal"])
+               active_state=props.get("ActiveState"), tail=[], reason="", fatal=snap["fatal"],
+               eta_seconds=eta_seconds(snap["phase"], snap["phase_seconds"].get(snap["phase"], 0.0),
+                                       p.get("previous_phase_seconds") or {}))
     active = props.get("ActiveState")
     if active not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
         res.update(state="crashed", tail=tail,
@@ -194,6 +204,7 @@ def main():
             poll_seconds=dict(type="float", default=2.0),
             stall_seconds=dict(type="dict", default={}),
             budget_seconds=dict(type="int", default=1800),
+            previous_phase_seconds=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )

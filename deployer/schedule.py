@@ -1,0 +1,175 @@
+"""Scheduled redeploys on the controller: definitions, time windows, cron lines and systemd timers.
+
+Pure functions (parsing, rendering, window checks) plus small installers: a systemd timer where the
+controller runs systemd, a crontab entry where it does not.  The scheduled command is always
+``deployer schedule run ID``, which checks the window, runs a non-interactive ``up --json`` and reports.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, time as dtime
+from pathlib import Path
+
+CONFIG = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "deployer" / "schedules.json"
+STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "deployer"
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+CRON_DOW = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+MARK = "# deployer-schedule:"
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+@dataclass
+class Schedule:
+    id: str
+    at: str
+    target: list[str]                 # deployer up target options, e.g. ["--host", "10.0.0.5"]
+    if_changed: bool = False
+    window: str | None = None         # "02:00-05:00"
+    webhook: str | None = None
+    extra: list[str] = field(default_factory=list)   # -e k=v items
+
+    def log_path(self) -> Path:
+        return STATE / f"schedule-{self.id}.log"
+
+
+def parse_at(at: str) -> tuple[list[str], int, int]:
+    """'Sun 03:00' | 'Mon,Thu 02:30' | 'daily 03:00' | '03:00' -> (days, hour, minute); days [] = every day."""
+    m = re.fullmatch(r"\s*(?:(daily|[A-Za-z]{3}(?:,[A-Za-z]{3})*)\s+)?(\d{1,2}):(\d{2})\s*", at or "")
+    if not m:
+        raise ScheduleError(f"--at {at!r}: expected e.g. 'Sun 03:00', 'Mon,Thu 02:30', 'daily 03:00' or '03:00'")
+    days = [] if m.group(1) in (None, "daily") else [d.lower() for d in m.group(1).split(",")]
+    for d in days:
+        if d not in DAYS:
+            raise ScheduleError(f"--at {at!r}: unknown day {d!r}; expected one of {', '.join(DAYS)}")
+    hour, minute = int(m.group(2)), int(m.group(3))
+    if hour > 23 or minute > 59:
+        raise ScheduleError(f"--at {at!r}: time out of range")
+    return days, hour, minute
+
+
+def parse_window(window: str) -> tuple[dtime, dtime]:
+    m = re.fullmatch(r"(\d{1,2}):(\d{2})-(\d{1,2}):(\d{2})", window or "")
+    if not m:
+        raise ScheduleError(f"--window {window!r}: expected HH:MM-HH:MM, e.g. 02:00-05:00")
+    a, b = dtime(int(m.group(1)), int(m.group(2))), dtime(int(m.group(3)), int(m.group(4)))
+    return a, b
+
+
+def in_window(window: str | None, now: datetime) -> bool:
+    """True when ``now`` (controller local time) falls in the window; windows may wrap midnight."""
+    if not window:
+        return True
+    a, b = parse_window(window)
+    t = now.time()
+    return a <= t < b if a <= b else (t >= a or t < b)
+
+
+def cron_line(s: Schedule, deployer: str) -> str:
+    days, hour, minute = parse_at(s.at)
+    dow = ",".join(str(CRON_DOW[d]) for d in days) if days else "*"
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # cron's own PATH lacks sbin
+    log = shlex.quote(str(s.log_path()))
+    return (f"{minute} {hour} * * {dow} /usr/bin/env PATH={path} {shlex.quote(deployer)} schedule run {s.id} "
+            f">> {log} 2>&1 {MARK}{s.id}")
+
+
+def on_calendar(s: Schedule) -> str:
+    days, hour, minute = parse_at(s.at)
+    d = ",".join(x.capitalize() for x in days)
+    return f"{d + ' ' if d else ''}*-*-* {hour:02d}:{minute:02d}:00"
+
+
+def timer_units(s: Schedule, deployer: str) -> dict[str, str]:
+    name = f"deployer-schedule-{s.id}"
+    return {
+        f"{name}.service": (f"[Unit]\nDescription=deployer scheduled redeploy {s.id}\n\n[Service]\nType=oneshot\n"
+                            f"ExecStart={deployer} schedule run {s.id}\n"),
+        f"{name}.timer": (f"[Unit]\nDescription=deployer scheduled redeploy {s.id} ({s.at})\n\n[Timer]\n"
+                          f"OnCalendar={on_calendar(s)}\nPersistent=false\n\n[Install]\nWantedBy=timers.target\n"),
+    }
+
+
+# ------------------------------------------------------------------ storage and installation
+def load() -> dict[str, Schedule]:
+    try:
+        raw = json.loads(CONFIG.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: Schedule(**v) for k, v in raw.items()}
+
+
+def save(items: dict[str, Schedule]) -> None:
+    CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    tmp = CONFIG.with_suffix(".tmp")
+    tmp.write_text(json.dumps({k: asdict(v) for k, v in items.items()}, indent=2))
+    tmp.replace(CONFIG)
+
+
+def systemd_running() -> bool:
+    r = subprocess.run(["systemctl", "is-system-running"], capture_output=True, text=True)
+    return r.stdout.strip() in ("running", "degraded", "starting")
+
+
+def deployer_path() -> str:
+    return str(Path(sys.executable).parent / "deployer")
+
+
+def _crontab() -> list[str]:
+    r = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    return r.stdout.splitlines() if r.returncode == 0 else []
+
+
+def _set_crontab(lines: list[str]) -> None:
+    subprocess.run(["crontab", "-"], input="\n".join(lines) + "\n", text=True, check=True)
+
+
+def install(s: Schedule) -> str:
+    """Install the trigger; returns a description of what was installed."""
+    parse_at(s.at)
+    if s.window:
+        parse_window(s.window)
+    if systemd_running():
+        d = Path("/etc/systemd/system")
+        for name, text in timer_units(s, deployer_path()).items():
+            (d / name).write_text(text)
+        subprocess.run(["systemctl", "daemon-reload"], check=True)
+        subprocess.run(["systemctl", "enable", "--now", f"deployer-schedule-{s.id}.timer"], check=True)
+        return f"systemd timer deployer-schedule-{s.id}.timer (OnCalendar={on_calendar(s)})"
+    if not shutil_which("crontab"):
+        raise ScheduleError("no systemd and no crontab on this machine; install cron (apt-get install cron)")
+    lines = [x for x in _crontab() if not x.endswith(MARK + s.id)]
+    line = cron_line(s, deployer_path())
+    _set_crontab(lines + [line])
+    return f"crontab entry: {line}"
+
+
+def uninstall(sid: str) -> None:
+    unit = Path(f"/etc/systemd/system/deployer-schedule-{sid}.timer")
+    if unit.exists():
+        subprocess.run(["systemctl", "disable", "--now", unit.name], check=False)
+        unit.unlink()
+        Path(f"/etc/systemd/system/deployer-schedule-{sid}.service").unlink(missing_ok=True)
+    if shutil_which("crontab"):
+        lines = _crontab()
+        keep = [x for x in lines if not x.endswith(MARK + sid)]
+        if keep != lines:
+            _set_crontab(keep)
+
+
+def shutil_which(name: str) -> str | None:
+    import shutil
+    return shutil.which(name)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:8]

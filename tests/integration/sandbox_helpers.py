@@ -1,0 +1,40 @@
+"""Helpers shared by the sandbox test modules."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT
+
+SVC = "deployer-vllm"
+
+needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
+                                   reason="sandbox tests need root and systemd-nspawn (scripts/dev.sh installs it)")
+
+
+def deployer(*args, timeout=900, env=None):
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT, env=env)
+    r.seconds = time.time() - t0
+    return r
+
+
+def up(*args, **kw):
+    return deployer("up", "--sandbox", *args, **kw)
+
+
+def sh(host, cmd, check=True):
+    from deployer.sandbox import hosts as sb
+    return sb.ssh(host, cmd, check=check).stdout.strip()
+
+
+def main_pid(host):
+    return sh(host, f"systemctl show -p MainPID --value {SVC}")
+
+
+def flat(text):
+    return " ".join(text.split())

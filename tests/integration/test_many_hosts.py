@@ -1,0 +1,37 @@
+"""Three sandbox hosts: parallel deploy, then a rolling deploy that stops at a broken host."""
+import pytest
+
+from sandbox_helpers import flat, main_pid, needs_sandbox, sh, up
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+HOSTS = ["sbx1", "sbx2", "sbx3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    from deployer.sandbox import hosts as sb
+    sb.stop()
+    sb.start(3)
+    yield
+    sb.stop()
+
+
+def test_parallel_then_rolling_stops_at_broken_host():
+    from deployer.sandbox import hosts as sb
+    r = up()
+    assert r.returncode == 0, r.stderr
+    for h in HOSTS:
+        assert f"{h}: release" in r.stdout and sh(h, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
+    before = {h: (sh(h, "readlink /opt/deployer/current"), main_pid(h)) for h in HOSTS}
+
+    sb.set_knobs("sbx2", gpus={"count": 7})
+    try:
+        r = up("--serial", "1", "-e", "render_max_model_len=65536")
+    finally:
+        sb.set_knobs("sbx2", gpus={})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "GPU count: measured 7, expected 8" in flat(r.stderr)
+    assert sh("sbx1", "readlink /opt/deployer/current") != before["sbx1"][0]        # batch 1 deployed
+    assert (sh("sbx2", "readlink /opt/deployer/current"), main_pid("sbx2")) == before["sbx2"]
+    assert (sh("sbx3", "readlink /opt/deployer/current"), main_pid("sbx3")) == before["sbx3"]  # untouched
+    assert "sbx3" not in r.stderr.split("GPU count")[-1]

@@ -1,0 +1,148 @@
+"""Releases, no-op, rollback, locking, pruning, audit and scheduled redeploys on a sandbox host."""
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sh, up
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+H = "sbx1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    from deployer.sandbox import hosts as sb
+    sb.stop()
+    sb.start(1)
+    yield
+    sb.stop()
+
+
+def releases():
+    return sorted(sh(H, "ls /opt/deployer/releases").split())
+
+
+def audit():
+    return [json.loads(x) for x in sh(H, "cat /opt/deployer/audit.jsonl").splitlines()]
+
+
+def test_up_noop_change_rollback():
+    r = up()
+    assert r.returncode == 0, r.stderr
+    first = sh(H, "readlink /opt/deployer/current")
+    first_argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
+    marker = sh(H, "stat -c %Y /opt/deployer/venvs/vllm-0.16.0/.deployer-installed")
+    pid = main_pid(H)
+
+    r = up()  # no-op: no new release, nothing restarted
+    assert r.returncode == 0 and "unchanged, nothing restarted" in r.stdout
+    assert releases() == [first.rsplit("/", 1)[1]] and main_pid(H) == pid
+    assert audit()[-1]["changed"] is False and audit()[-1]["result"] == "ok"
+
+    r = up("-e", "render_max_model_len=65536")  # a changed flag: a new release
+    assert r.returncode == 0, r.stderr
+    second = sh(H, "readlink /opt/deployer/current")
+    assert second != first and len(releases()) == 2
+    assert sh(H, "readlink /opt/deployer/previous") == first
+    assert "65536" in json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"]
+
+    r = deployer("rollback", "--sandbox")
+    assert r.returncode == 0, r.stderr
+    assert "Install vLLM" not in r.stderr and "Ship the drafter" not in r.stderr      # no reinstall
+    assert sh(H, "readlink /opt/deployer/current") == first
+    assert sh(H, "readlink /opt/deployer/previous") == second
+    assert json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"] == first_argv[2:]
+    assert sh(H, "stat -c %Y /opt/deployer/venvs/vllm-0.16.0/.deployer-installed") == marker
+    last = audit()[-1]
+    assert last["command"] == "rollback" and last["result"] == "ok" and "watch" in last["stage_seconds"]
+
+    r = deployer("releases", "--sandbox", "--json")
+    data = json.loads(r.stdout)[H]
+    assert data["current"] == first.rsplit("/", 1)[1] and len(data["releases"]) == 2
+    r = deployer("status", "--sandbox", "--json")
+    st = json.loads(r.stdout)[H]
+    assert st["health"] == 200 and st["spec"]["acceptance_rate"] > 0 and len(st["gpu_memory_used_mib"]) == 8
+
+
+def test_rollback_to_unknown_release_is_refused():
+    r = deployer("rollback", "--sandbox", "--to", "nosuchrelease")
+    assert r.returncode == 1
+    assert "release nosuchrelease not found" in flat(r.stderr)
+
+
+def test_concurrent_up_one_refused():
+    env_args = ["-e", "render_max_model_len=32768"]  # a restart makes the first run long
+    p1 = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", *env_args], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    r2 = up()
+    o1, e1 = p1.communicate(timeout=600)
+    assert p1.returncode == 0, e1
+    assert r2.returncode == 6, r2.stderr
+    assert "host is locked by" in flat(r2.stderr) and "`up`" in flat(r2.stderr)
+    assert "held by a live deploy on this machine" in flat(r2.stderr)
+    assert sh(H, "test -d /opt/deployer/.lock && echo held || echo free") == "free"   # released after
+
+
+def test_stale_lock_reported_and_unlock():
+    rec = {"token": "x", "user": "ghost", "controller": socket.gethostname(), "pid": 999999, "command": "up",
+           "since": time.time() - 3600, "since_iso": "an hour ago"}
+    sh(H, f"mkdir -p /opt/deployer/.lock && echo '{json.dumps(rec)}' > /opt/deployer/.lock/holder.json")
+    r = up()
+    assert r.returncode == 6
+    assert "STALE: its process is gone" in flat(r.stderr) and "ghost@" in r.stderr
+    r = deployer("unlock", "--sandbox")
+    assert r.returncode == 0 and "removed lock of ghost@" in flat(r.stderr)
+    assert up().returncode == 0
+
+
+def test_pruning_keeps_exactly_n():
+    for i in range(6):
+        sh(H, f"mkdir -p /opt/deployer/releases/old{i} && echo '{{\"deployed_at\": {1000 + i}}}' "
+              f"> /opt/deployer/releases/old{i}/release.json")
+    r = up("-e", "release_keep=3")
+    assert r.returncode == 0, r.stderr
+    left = releases()
+    assert len(left) == 3, left
+    assert sh(H, "basename $(readlink /opt/deployer/current)") in left
+    assert sh(H, "basename $(readlink /opt/deployer/previous)") in left
+    assert not any(x.startswith("old") for x in left)
+
+
+def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
+    env = dict(__import__("os").environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"))
+    r = deployer("schedule", "add", "--sandbox", "--at", "Sun 03:00", "--if-changed", env=env)
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.split()[1].rstrip(":")
+    assert f"0 3 * * 0 /usr/bin/env" in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+    try:
+        pid, n = main_pid(H), len(releases())
+        r = deployer("schedule", "run", sid, env=env)
+        assert r.returncode == 0, r.stderr
+        ev = json.loads(r.stdout.strip().splitlines()[-1])
+        assert ev["reason"] == "nothing changed; did nothing" and ev["hosts"] == [H]
+        assert main_pid(H) == pid and len(releases()) == n
+        log = (tmp_path / "st" / "deployer" / f"schedule-{sid}.log").read_text()
+        assert '"event": "result"' in log and '"scheduled_up"' in log
+    finally:
+        deployer("schedule", "remove", sid, env=env)
+    assert f"deployer-schedule:{sid}" not in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+
+
+def test_schedule_outside_window_does_nothing(tmp_path):
+    import datetime
+    env = dict(__import__("os").environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"))
+    now = datetime.datetime.now()
+    w = f"{(now.hour + 2) % 24:02d}:00-{(now.hour + 3) % 24:02d}:00"
+    r = deployer("schedule", "add", "--sandbox", "--at", "daily 03:00", "--window", w, env=env)
+    sid = r.stdout.split()[1].rstrip(":")
+    try:
+        r = deployer("schedule", "run", sid, env=env)
+        assert r.returncode == 0
+        assert f"outside window {w}" in r.stdout
+    finally:
+        deployer("schedule", "remove", sid, env=env)

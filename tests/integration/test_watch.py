@@ -1,0 +1,63 @@
+"""Seeing the load: stall and crash detection, acceptance floor, ETA from the previous release."""
+import json
+
+import pytest
+
+from sandbox_helpers import flat, main_pid, needs_sandbox, sh, up
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+H = "sbx1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    from deployer.sandbox import hosts as sb
+    sb.stop()
+    sb.start(1)
+    r = up()
+    assert r.returncode == 0, r.stderr
+    yield sb
+    sb.stop()
+
+
+def test_second_deploy_shows_eta_and_json_phases():
+    r = up("-e", "render_max_model_len=65536", "--json")
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    phases = [e for e in events if e["event"] == "phase"]
+    assert phases and all(e["eta_seconds"] is not None for e in phases)   # the first release recorded its phases
+    assert {"drafter", "compile"} & {e["phase"] for e in phases}
+    done = [e for e in events if e["event"] == "watch_done"]
+    assert done[-1]["state"] == "ready" and done[-1]["phase_seconds"]
+    assert events[-1]["event"] == "result" and events[-1]["ok"] is True
+    r = up("-e", "render_max_model_len=32768")
+    assert "ETA " in r.stderr
+
+
+def test_stall_is_reported_by_the_stall_limit_not_the_budget(sandbox):
+    live = sh(H, "readlink /opt/deployer/current")
+    sandbox.set_knobs(H, standin={"stall_phase": "compile", "only_if_arg": "0.87"})
+    try:
+        r = up("-e", "render_gpu_memory_utilization=0.87", "-e", "watch_stall_seconds={'default': 600, 'compile': 6}",
+               "-e", "watch_budget_seconds=1500")
+    finally:
+        sandbox.set_knobs(H, standin={})
+    assert r.returncode == 1, r.stderr
+    err = flat(r.stderr)
+    assert "stalled: no progress for" in err and "in phase 'torch.compile' (stall limit 6 s)" in err
+    assert r.seconds < 200
+    assert sh(H, "readlink /opt/deployer/current") == live
+
+
+def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
+    live = sh(H, "readlink /opt/deployer/current")
+    sandbox.set_knobs(H, standin={"acceptance_rate": 0.2})
+    try:
+        r = up("-e", "render_gpu_memory_utilization=0.88", "-e", "smoke_min_acceptance_rate=0.5")
+    finally:
+        sandbox.set_knobs(H, standin={})
+    assert r.returncode == 1, r.stderr
+    err = flat(r.stderr)
+    assert "deploy failed in stage 'smoke'" in err
+    assert "EAGLE-3 acceptance rate: measured 0.2" in err and "expected >= 0.5" in err
+    assert sh(H, "readlink /opt/deployer/current") == live
