@@ -45,13 +45,13 @@ prepare_vllm() {
 }
 
 case "${1:-}" in
-  setup) apt_deps; py_deps; prepare_vllm 0.16.0 ;;
+  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0 ;;
   demo)
     apt_deps; py_deps; prepare_vllm 0.16.0
     "$VENV/bin/deployer" sandbox start
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
-    apt_deps; py_deps; prepare_vllm 0.16.0
+    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0   # 0.18.0: the natively supported path
     exec "$VENV/bin/python" -m pytest -q -ra "${@:2}" ;;
   *) echo "usage: $0 setup|demo|test [pytest args]"; exit 2 ;;
 esac

@@ -36,6 +36,10 @@ def up(*args, timeout=900):
     return r
 
 
+def flat(text):
+    return " ".join(text.split())
+
+
 def sh(cmd, check=True):
     return sb.ssh(H, cmd, check=check).stdout.strip()
 
@@ -139,3 +143,35 @@ def test_05_patching_disabled_fails_at_verification_before_any_restart():
     assert main_pid() == pid and sh(f"sha256sum /etc/systemd/system/{SVC}.service") == unit
     r = up()  # patches back; the live release is unchanged
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_06_check_mode_changes_nothing_and_hides_secrets():
+    before = host_state()
+    r = up("--check", "--diff", "-e", "render_max_model_len=4096", "-e", "render_api_key=sekrit-check-123")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "would be verified and started" in flat(r.stderr)
+    assert "sekrit-check-123" not in r.stdout + r.stderr
+    assert host_state() == before
+
+
+def test_07_api_key_protects_the_server_and_never_shows():
+    r = up("-e", "render_api_key=sekrit-key-456", "--diff")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sekrit-key-456" not in r.stdout + r.stderr
+    assert "sekrit" not in sh(f"systemctl cat {SVC}") and "sekrit" not in sh(f"journalctl -u {SVC} --no-pager")
+    assert sh("curl -s -o /dev/null -w '%{http_code}' localhost:8000/v1/models") == "401"
+    assert sh("curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sekrit-key-456' "
+              "localhost:8000/v1/models") == "200"
+    assert "sekrit" not in sh("cat /opt/deployer/audit.jsonl /opt/deployer/current/release.json")
+
+
+def test_08_native_vllm_serves_without_patches():
+    r = up("-e", "deployer_vllm_version=0.18.0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "native support in vLLM 0.18.0" in flat(r.stderr)
+    rel = json.loads(sh("cat /opt/deployer/current/release.json"))
+    assert rel["vllm_version"] == "0.18.0" and rel["patch_fingerprint"] is None and rel["patches"] == []
+    assert "supports_eagle3(KimiK25ForConditionalGeneration) = True (vLLM 0.18.0" in sh(
+        f"journalctl -u {SVC} --no-pager")
+    assert sh("test -d /opt/deployer/venvs/vllm-0.18.0/lib/python3.11/site-packages/vllm/.deployer_patch "
+              "&& echo patched || echo pristine") == "pristine"
