@@ -547,28 +547,18 @@ _PY_OPT = typer.Option(None, "--python", help="A venv's python; the vllm it impo
 _JSON_OPT = typer.Option(False, "--json")
 
 
-@patch_app.command("check")
-def patch_check(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
-    """Which of P1-P5 this vLLM needs (changes nothing)."""
-    _patch_cmd("check", vllm_root, python, as_json)
+def _patch_command(action: str, doc: str):
+    def cmd(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
+        _patch_cmd(action, vllm_root, python, as_json)
+    cmd.__doc__ = doc
+    return cmd
 
 
-@patch_app.command("diff")
-def patch_diff(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
-    """Unified diff of every edit apply would make (changes nothing)."""
-    _patch_cmd("diff", vllm_root, python, as_json)
-
-
-@patch_app.command("apply")
-def patch_apply(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
-    """Apply exactly the patches needed, all files or none."""
-    _patch_cmd("apply", vllm_root, python, as_json)
-
-
-@patch_app.command("revert")
-def patch_revert(vllm_root: Optional[str] = _ROOT_OPT, python: Optional[str] = _PY_OPT, as_json: bool = _JSON_OPT):
-    """Restore the originals byte for byte."""
-    _patch_cmd("revert", vllm_root, python, as_json)
+for _action, _doc in (("check", "Which of P1-P5 this vLLM needs (changes nothing)."),
+                      ("diff", "Unified diff of every edit apply would make (changes nothing)."),
+                      ("apply", "Apply exactly the patches needed, all files or none."),
+                      ("revert", "Restore the originals byte for byte.")):
+    patch_app.command(_action)(_patch_command(_action, _doc))
 
 
 def main():

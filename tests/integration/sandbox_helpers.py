@@ -38,3 +38,12 @@ def main_pid(host):
 
 def flat(text):
     return " ".join(text.split())
+
+
+def sandbox_hosts(n):
+    """Module fixture body: fresh sandbox hosts sbx1..sbxN for the module, stopped afterwards."""
+    from deployer.sandbox import hosts as sb
+    sb.stop()
+    sb.start(n)
+    yield sb
+    sb.stop()

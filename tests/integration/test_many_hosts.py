@@ -1,7 +1,7 @@
 """Three sandbox hosts: parallel deploy, then a rolling deploy that stops at a broken host."""
 import pytest
 
-from sandbox_helpers import flat, main_pid, needs_sandbox, sh, up
+from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 HOSTS = ["sbx1", "sbx2", "sbx3"]
@@ -9,11 +9,7 @@ HOSTS = ["sbx1", "sbx2", "sbx3"]
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    from deployer.sandbox import hosts as sb
-    sb.stop()
-    sb.start(3)
-    yield
-    sb.stop()
+    yield from sandbox_hosts(3)
 
 
 def test_parallel_then_rolling_stops_at_broken_host():

@@ -7,19 +7,20 @@ import time
 
 import pytest
 
-from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sh, up
+from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, up
+from sandbox_helpers import sh as _sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
 
 
+def sh(host, cmd):
+    return _sh(host, cmd)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    from deployer.sandbox import hosts as sb
-    sb.stop()
-    sb.start(1)
-    yield
-    sb.stop()
+    yield from sandbox_hosts(1)
 
 
 def releases():

@@ -1,58 +1,38 @@
 """The whole deploy against a real sandbox host: real sshd, real systemd, real Ansible, real vLLM in the venv."""
 import json
 import os
-import shutil
-import subprocess
-import sys
-import time
 
 import pytest
 
-from helpers import ROOT
+from sandbox_helpers import SVC, flat, needs_sandbox, sandbox_hosts
+from sandbox_helpers import main_pid as _main_pid
+from sandbox_helpers import sh as _sh
+from sandbox_helpers import up
 
-pytestmark = pytest.mark.sandbox
-if os.geteuid() != 0 or not shutil.which("systemd-nspawn"):
-    pytest.skip("sandbox tests need root and systemd-nspawn (scripts/dev.sh installs it)", allow_module_level=True)
-
-from deployer.sandbox import hosts as sb  # noqa: E402
-
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+from deployer.sandbox import hosts as sbx  # noqa: E402
 H = "sbx1"
-SVC = "deployer-vllm"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    sb.stop()
-    sb.start(1)
-    yield
-    sb.stop()
+    yield from sandbox_hosts(1)
 
 
-def up(*args, timeout=900):
-    t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "deployer.cli", "up", "--sandbox", *args],
-                       capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    r.seconds = time.time() - t0
-    return r
-
-
-def flat(text):
-    return " ".join(text.split())
-
-
-def sh(cmd, check=True):
-    return sb.ssh(H, cmd, check=check).stdout.strip()
-
-
-def host_state():
-    """Everything a failed preflight must leave untouched."""
-    return sh(f"(find /opt/deployer -path /opt/deployer/cache -prune -o -printf '%p %s %T@\\n' 2>/dev/null | sort; "
-              f"cat /etc/systemd/system/{SVC}.service 2>/dev/null; systemctl show -p MainPID -p ActiveState {SVC}) "
-              "| sha256sum")
+def sh(cmd):
+    return _sh(H, cmd)
 
 
 def main_pid():
-    return sh(f"systemctl show -p MainPID --value {SVC}")
+    return _main_pid(H)
+
+
+def host_state():
+    """Everything a failed preflight must leave untouched (the audit log records the attempt; the lock is transient)."""
+    return sh("(find /opt/deployer -mindepth 1 \\( -path /opt/deployer/cache -o -path /opt/deployer/.lock "
+              "-o -name audit.jsonl \\) -prune -o -printf '%p %s %T@\\n' 2>/dev/null | sort; "
+              f"cat /etc/systemd/system/{SVC}.service 2>/dev/null; systemctl show -p MainPID -p ActiveState {SVC}) "
+              "| sha256sum")
 
 
 def test_01_full_up_then_noop():
@@ -63,7 +43,7 @@ def test_01_full_up_then_noop():
     assert "supports_eagle3(KimiK25ForConditionalGeneration) = True" in sh(f"journalctl -u {SVC} --no-pager")
     cur = sh("readlink /opt/deployer/current")
     argv = json.loads(sh("cat /opt/deployer/current/argv.json"))
-    assert argv[:3] == ["/opt/deployer/venvs/vllm-0.16.0/bin/python", sb.STANDIN_PATH, "serve"]
+    assert argv[:3] == ["/opt/deployer/venvs/vllm-0.16.0/bin/python", sbx.STANDIN_PATH, "serve"]
     assert json.loads(sh("cat /run/deployer-standin/argv.json"))["argv"] == argv[2:]
     assert sh("stat -c %a " + cur + "/vllm.env") == "600"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
@@ -80,8 +60,7 @@ def test_01_full_up_then_noop():
 
 def test_02_hostile_value_reaches_server_intact_and_runs_nothing():
     evil = "/a b'\";$(touch /tmp/pwned)`touch /tmp/pwned2` %n $HOME \\x"
-    r = up("-e", json.dumps({"render_extra_args": ["--root-path", evil]}).join(["render_extra_args=", ""])
-           .replace('render_extra_args={"render_extra_args": ', "render_extra_args=").rstrip("}"))
+    r = up("-e", "render_extra_args=" + json.dumps(["--root-path", evil]))
     assert r.returncode == 0, r.stdout + r.stderr
     got = json.loads(sh("cat /run/deployer-standin/argv.json"))["argv"]
     assert got[got.index("--root-path") + 1] == evil
@@ -94,31 +73,33 @@ def test_03_preflight_failure_changes_nothing(case):
     before = host_state()
     extra = []
     if case == "seven_gpus":
-        sb.set_knobs(H, gpus={"count": 7})
+        sbx.set_knobs(H, gpus={"count": 7})
     elif case == "missing_shard":
-        sh(f"mv {sb.MODEL_DIR}/model-00017-of-000064.safetensors /root/shard17")
+        sh(f"mv {sbx.MODEL_DIR}/model-00017-of-000064.safetensors /root/shard17")
     else:
         extra = ["-e", "preflight_min_free_disk_gib=100000"]
     try:
         r = up(*extra, "-e", "render_gpu_memory_utilization=0.8")  # a would-be new release
     finally:
-        sb.set_knobs(H, gpus={})
-        sh(f"test -f /root/shard17 && mv /root/shard17 {sb.MODEL_DIR}/model-00017-of-000064.safetensors; true")
+        sbx.set_knobs(H, gpus={})
+        sh(f"test -f /root/shard17 && mv /root/shard17 {sbx.MODEL_DIR}/model-00017-of-000064.safetensors; true")
     assert r.returncode == 3, r.stdout + r.stderr
     expect = {"seven_gpus": "GPU count: measured 7, expected 8",
               "missing_shard": "model shards: measured 63 of 64 present",
               "no_disk": "GiB, expected >= 100000 GiB"}[case]
     assert expect in " ".join(r.stderr.split()), r.stderr
     assert host_state() == before
+    last = json.loads(sh("tail -1 /opt/deployer/audit.jsonl"))
+    assert last["result"] == "failed" and last["failed_stage"] == "preflight"
 
 
 def test_04_crash_during_load_is_reported_within_seconds_and_rolled_back():
     live = sh("readlink /opt/deployer/current")
-    sb.set_knobs(H, standin={"crash_phase": "weights", "load_seconds": 4, "only_if_arg": "0.85"})
+    sbx.set_knobs(H, standin={"crash_phase": "weights", "load_seconds": 4, "only_if_arg": "0.85"})
     try:
         r = up("-e", "render_gpu_memory_utilization=0.85", "-e", "watch_budget_seconds=1200")
     finally:
-        sb.set_knobs(H, standin={})
+        sbx.set_knobs(H, standin={})
     assert r.returncode == 1, r.stdout + r.stderr
     err = " ".join(r.stderr.split())
     assert "deploy failed in stage 'watch'; rolled back to the last live release" in err

@@ -3,21 +3,23 @@ import json
 
 import pytest
 
-from sandbox_helpers import flat, main_pid, needs_sandbox, sh, up
+from sandbox_helpers import flat, needs_sandbox, sandbox_hosts, up
+from sandbox_helpers import sh as _sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
 
 
+def sh(host, cmd):
+    return _sh(host, cmd)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    from deployer.sandbox import hosts as sb
-    sb.stop()
-    sb.start(1)
-    r = up()
-    assert r.returncode == 0, r.stderr
-    yield sb
-    sb.stop()
+    for sb in sandbox_hosts(1):
+        r = up()
+        assert r.returncode == 0, r.stderr
+        yield sb
 
 
 def test_second_deploy_shows_eta_and_json_phases():

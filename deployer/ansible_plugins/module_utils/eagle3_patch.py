@@ -651,7 +651,8 @@ def _result(changed, version, patches, fingerprint, diff, msg):
 def vllm_root_of(python_or_root):
     """Accept a vllm package dir, a site-packages dir or a venv dir; return the vllm package dir."""
     p = os.path.abspath(python_or_root)
-    if os.path.isfile(os.path.join(p, "__init__.py")) and os.path.basename(p) == "vllm":
+    if os.path.basename(p) == "vllm" and (os.path.isfile(os.path.join(p, "__init__.py"))
+                                          or os.path.isdir(os.path.join(p, "model_executor"))):
         return p
     if os.path.isdir(os.path.join(p, "vllm")):
         return os.path.join(p, "vllm")
