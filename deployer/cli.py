@@ -59,9 +59,11 @@ def _parse_extra(extra: List[str]) -> dict:
     return vals
 
 
-def _adhoc_inventory(host: str, port: int, user: str, key: Optional[str]) -> str:
+def _adhoc_inventory(host: str, port: int, user: str, key: Optional[str], trust_new: bool = False) -> str:
     inv = {"all": {"children": {"gpu": {"hosts": {host: {"ansible_host": host, "ansible_port": port,
                                                           "ansible_user": user}}}}}}
+    if trust_new:  # trust on first use: record an unknown host's key, still refuse a changed one
+        inv["all"]["children"]["gpu"]["hosts"][host]["ansible_ssh_common_args"] = "-o StrictHostKeyChecking=accept-new"
     if key:
         inv["all"]["children"]["gpu"]["hosts"][host]["ansible_ssh_private_key_file"] = key
     fd, path = tempfile.mkstemp(prefix="deployer-inv-", suffix=".yml")
@@ -70,7 +72,7 @@ def _adhoc_inventory(host: str, port: int, user: str, key: Optional[str]) -> str
     return path
 
 
-def _inventory(host, port, user, key, inventory, sandbox) -> str:
+def _inventory(host, port, user, key, inventory, sandbox, trust_new=False) -> str:
     if sum(bool(x) for x in (host, inventory, sandbox)) != 1:
         _die(Exit.USAGE, "say where to deploy: exactly one of --host ADDR, -i INVENTORY or --sandbox")
     if sandbox:
@@ -83,21 +85,48 @@ def _inventory(host, port, user, key, inventory, sandbox) -> str:
         if not Path(inventory).exists():
             _die(Exit.USAGE, f"inventory {inventory}: no such file")
         return inventory
-    return _adhoc_inventory(host, port, user, key)
+    return _adhoc_inventory(host, port, user, key, trust_new)
 
 
 class Progress:
-    """Human progress lines from Ansible events (or JSON lines with --json)."""
+    """Progress from Ansible events: a live rich display on a terminal, plain lines otherwise
+    (cron, CI), or JSON lines with --json."""
 
     def __init__(self, as_json: bool):
         self.as_json = as_json
         self.t0 = time.time()
         self.last_watch = {}
+        self.live = None
+        self.bars = {}
+        if not as_json and err.is_terminal:
+            from rich.progress import BarColumn, Progress as RichProgress, TextColumn
+            self.live = RichProgress(TextColumn("[magenta]{task.fields[host]}[/]"), TextColumn("{task.description}"),
+                                     BarColumn(), TextColumn("{task.fields[detail]}"), console=err, transient=True)
+
+    def line(self, text: str):
+        (self.live.console if self.live else err).print(text)
 
     def emit(self, obj: dict):
         obj = dict(obj, t=round(time.time() - self.t0, 2), ts=round(time.time(), 3))
         sys.stdout.write(json.dumps(obj, default=str) + "\n")
         sys.stdout.flush()
+
+    def phase(self, host: str, res: dict):
+        pct = res.get("percent")
+        prog = f" ({res['progress'][0]}/{res['progress'][1]})" if res.get("progress") else ""
+        eta = res.get("eta_seconds")
+        eta_s = f", ETA {int(eta) // 60}m{int(eta) % 60:02d}s" if eta is not None else ""
+        detail = f"{res.get('elapsed_seconds', 0):.0f}s{eta_s}"
+        title = res.get("phase_title", res.get("phase"))
+        if self.live:
+            if not self.live.live.is_started:
+                self.live.start()
+            if host not in self.bars:
+                self.bars[host] = self.live.add_task(title, total=100, host=host, detail=detail)
+            self.live.update(self.bars[host], description=f"load: {title}{prog}", completed=pct or 0, detail=detail)
+        else:
+            pct_s = f" {pct:.0f}%" if pct is not None else ""
+            err.print(f"         [magenta]{host}[/] load: {title}{pct_s}{prog} [dim]{detail}[/]")
 
     def __call__(self, ev: dict):
         data = ev.get("event_data", {})
@@ -106,59 +135,45 @@ class Progress:
         task = data.get("task", "")
         role = data.get("role", "")
         if kind == "playbook_on_task_start" and not self.as_json:
-            if task.startswith(("Stage name", "Record ", "Parse ", "Point at", "Name the release", "Read vLLM")):
+            if task.startswith(("Stage", "Mark", "Record ", "Parse ", "Point at", "Name the release", "Read vLLM",
+                                "Note success", "Fix this run")):
                 return
-            err.print(f"[dim]{time.time() - self.t0:6.1f}s[/] [cyan]{role or 'play'}[/] {task}")
+            self.line(f"[dim]{time.time() - self.t0:6.1f}s[/] [cyan]{role or 'play'}[/] {task}")
         elif kind == "runner_retry" and role in ("watch", "release"):
             res = data.get("res", {})
-            key = (host, res.get("phase"), res.get("percent"))
+            key = (host, res.get("phase"), res.get("percent"), int(res.get("elapsed_seconds") or 0) // 5)
             if key == self.last_watch.get(host):
                 return
             self.last_watch[host] = key
-            pct = f" {res.get('percent'):.0f}%" if res.get("percent") is not None else ""
-            prog = f" ({res['progress'][0]}/{res['progress'][1]})" if res.get("progress") else ""
-            eta = res.get("eta_seconds")
             if self.as_json:
                 self.emit({"event": "phase", "host": host, "phase": res.get("phase"), "percent": res.get("percent"),
                            "progress": res.get("progress"), "elapsed_seconds": res.get("elapsed_seconds"),
-                           "eta_seconds": eta})
+                           "eta_seconds": res.get("eta_seconds")})
             else:
-                eta_s = f", ETA {int(eta) // 60}m{int(eta) % 60:02d}s" if eta is not None else ""
-                err.print(f"         [magenta]{host}[/] load: {res.get('phase_title', res.get('phase'))}{pct}{prog}"
-                          f" [dim]{res.get('elapsed_seconds', 0):.0f}s{eta_s}[/]")
+                self.phase(host, res)
         elif kind == "runner_on_ok" and data.get("task_action") == "vllm_watch":
             res = data.get("res", {})
+            if self.live and host in self.bars:
+                self.live.remove_task(self.bars.pop(host))
             if self.as_json:
                 self.emit({"event": "watch_done", "host": host, "state": res.get("state"), "phase": res.get("phase"),
                            "reason": res.get("reason"), "elapsed_seconds": res.get("elapsed_seconds"),
                            "phase_seconds": res.get("phase_seconds")})
             elif res.get("state") != "ready":
-                err.print(f"         [red]{host} {res.get('state')}[/]: {res.get('reason')}")
+                self.line(f"         [red]{host} {res.get('state')}[/]: {res.get('reason')}")
+            else:
+                self.line(f"         [green]{host} ready[/] after {res.get('elapsed_seconds')} s")
         elif kind == "runner_on_ok" and not self.as_json:
             res = data.get("res", {})
             if data.get("task_action") in ("ansible.builtin.debug", "debug") and res.get("msg"):
-                err.print(f"         [green]{host}[/] {res['msg']}")
+                self.line(f"         [green]{host}[/] {res['msg']}")
             elif res.get("changed") and data.get("task_action") not in ("ansible.builtin.set_fact", "set_fact"):
-                err.print(f"         [yellow]{host} changed[/]")
+                self.line(f"         [yellow]{host} changed[/]")
         elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable") and self.as_json:
             self.emit({"event": kind.replace("runner_on_", "task_"), "host": host, "role": role, "task": task,
                        "changed": data.get("res", {}).get("changed")})
-
-
-def _lock_note(holder: dict) -> str:
-    """Stale or live?  Only the controller that took the lock can tell whether its process is gone."""
-    import socket
-    if not holder:
-        return ""
-    if holder.get("controller") == socket.gethostname():
-        try:
-            os.kill(int(holder.get("pid", 0)), 0)
-            return "held by a live deploy on this machine; wait for it"
-        except (ProcessLookupError, ValueError):
-            return "STALE: its process is gone; `deployer unlock` removes it"
-        except PermissionError:
-            return "held by a live process of another user"
-    return f"held from {holder.get('controller')}; if that run died, `deployer unlock` removes it"
+        elif kind == "playbook_on_stats" and self.live and self.live.live.is_started:
+            self.live.stop()
 
 
 def _report(res: runner.Result, as_json: bool, what: str) -> int:
@@ -199,6 +214,8 @@ def up(
     port: int = typer.Option(22, "--port", help="SSH port."),
     user: str = typer.Option("root", "--user", help="SSH user."),
     key: Optional[str] = typer.Option(None, "--key", help="SSH private key file."),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host",
+                                        help="Record an unknown host's SSH key on first contact (a changed key is still refused)."),
     inventory: Optional[str] = typer.Option(None, "-i", "--inventory", help="Ansible inventory (with group_vars)."),
     sandbox: bool = typer.Option(False, "--sandbox", help="Deploy to the embedded sandbox host."),
     limit: Optional[str] = typer.Option(None, "--limit", help="Ansible host pattern."),
@@ -220,7 +237,7 @@ def up(
         ev["deployer_serial"] = serial
     if no_rollback:
         ev["deployer_rollback_enabled"] = False
-    inv = _inventory(host, port, user, key, inventory, sandbox)
+    inv = _inventory(host, port, user, key, inventory, sandbox, trust_new_host)
     res = runner.run("up.yml", inv, ev, limit=limit, check=check, diff=diff, on_event=Progress(as_json),
                      verbosity=verbose)
     raise typer.Exit(_report(res, as_json, "up"))
@@ -267,6 +284,16 @@ def _read_hosts(playbook_vars: dict, host, port, user, key, inventory, sandbox, 
 
 def _ts(t) -> str:
     return time.strftime("%m-%d %H:%M", time.localtime(float(t))) if t else "-"
+
+
+@app.command()
+def watch(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key: Optional[str] = _KEY,
+          inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT,
+          extra: List[str] = typer.Option([], "-e", "--extra-vars"), as_json: bool = typer.Option(False, "--json")):
+    """Follow a load under way (phase, progress, ETA) until the server is ready or dies; changes nothing."""
+    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    res = runner.run("watch.yml", inv, _parse_extra(extra), limit=limit, on_event=Progress(as_json))
+    raise typer.Exit(_report(res, as_json, "watch"))
 
 
 @app.command()

@@ -116,7 +116,9 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
         cmdline.append("--check")
     if diff:
         cmdline.append("--diff")
+    # ansible-runner turns host-key checking OFF unless told otherwise (config/_base.py); we never do that.
     env = {"ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_HOST_KEY_CHECKING": "True",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     try:
         r = ansible_runner.run(

@@ -368,9 +368,14 @@ def _stop_host(h: Host) -> None:
         shutil.rmtree(h.dir / sub, ignore_errors=True)
 
 
-def stop(names: list[str] | None = None) -> list[str]:
-    for c in STATE.glob("cp-*"):
+def close_masters() -> None:
+    """Close the controller's ssh ControlPersist masters (ours and Ansible's)."""
+    for c in list(STATE.glob("cp-*")) + list((Path.home() / ".ansible" / "cp").glob("*")):
         _run("ssh", "-o", f"ControlPath={c}", "-O", "exit", "x", check=False)
+
+
+def stop(names: list[str] | None = None) -> list[str]:
+    close_masters()
     stopped = []
     for h in hosts_on_disk():
         if names and h.name not in names:

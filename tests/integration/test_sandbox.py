@@ -156,3 +156,19 @@ def test_08_native_vllm_serves_without_patches():
         f"journalctl -u {SVC} --no-pager")
     assert sh("test -d /opt/deployer/venvs/vllm-0.18.0/lib/python3.11/site-packages/vllm/.deployer_patch "
               "&& echo patched || echo pristine") == "pristine"
+
+
+def test_09_a_changed_host_key_is_refused():
+    kh = sbx.STATE / "known_hosts"
+    good = kh.read_text()
+    sbx.close_masters()  # a live ControlMaster would skip the host-key check
+    wrong = sbx.STATE / "wrong_key"
+    os.system(f"rm -f {wrong} {wrong}.pub; ssh-keygen -q -t ed25519 -N '' -f {wrong}")
+    fake = wrong.with_suffix(".pub").read_text().split()
+    kh.write_text("\n".join(f"{line.split()[0]} {fake[0]} {fake[1]}" for line in good.splitlines() if line) + "\n")
+    try:
+        r = up()
+    finally:
+        kh.write_text(good)
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "Host key verification failed" in r.stderr or "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.stderr

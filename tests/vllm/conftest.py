@@ -1,37 +1,6 @@
-"""Real vLLM releases from the package index: wheels (--no-deps) cached under ~/.cache/deployer/wheels."""
-import subprocess
-import sys
-import zipfile
-from pathlib import Path
-
 import pytest
 
-from helpers import CACHE
-
-WHEELS = CACHE / "wheels"
-FILES = ("vllm/model_executor/models/deepseek_v2.py", "vllm/model_executor/models/kimi_k25.py",
-         "vllm/config/speculative.py", "vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/llm_base_proposer.py",
-         "vllm/_version.py", "vllm/version.py", "vllm/__init__.py")
-
-
-def wheel(version: str) -> Path:
-    WHEELS.mkdir(parents=True, exist_ok=True)
-    found = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.11", "-d", str(WHEELS), f"vllm=={version}"], check=True)
-        found = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
-    return found[0]
-
-
-def extract(version: str, dest: Path) -> Path:
-    """The patch engine's target files exactly as the wheel ships them."""
-    with zipfile.ZipFile(wheel(version)) as z:
-        names = set(z.namelist())
-        for f in FILES:
-            if f in names:
-                z.extract(f, dest)
-    return dest / "vllm"
+from vllm_wheels import extract
 
 
 @pytest.fixture
