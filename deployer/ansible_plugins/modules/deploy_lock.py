@@ -8,7 +8,7 @@ module: deploy_lock
 short_description: A host-side deploy lock (who, when, what, pid) taken by up and rollback
 description:
   - C(present) takes the lock atomically (C(mkdir)); if another run holds it, fails and returns the holder.
-    Deciding whether a holder is stale (its controller process is gone) is the controller's job: the
+  - Deciding whether a holder is stale (its controller process is gone) is the controller's job; the
     holder record says which controller and pid to ask.
   - C(absent) releases it, only if I(token) matches, unless I(force).
 options:

@@ -116,7 +116,9 @@ def unit_props(module, service):
 def journal(module, service, invocation):
     # only this start's lines: the invocation id changes with every (re)start of the unit
     match = ("_SYSTEMD_INVOCATION_ID=" + invocation) if invocation else ("_SYSTEMD_UNIT=" + service + ".service")
-    args = ["journalctl", match, "-o", "json", "--no-pager"]
+    # --all: journalctl prints fields over 4096 bytes as null without it, and a tqdm bar with all its
+    # \r redraws is one such field (the 64-shard bar is ~10 KB)
+    args = ["journalctl", match, "-o", "json", "--all", "--no-pager"]
     rc, out, _ = module.run_command(args)
     entries = []
     for line in out.splitlines():
