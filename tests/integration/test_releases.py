@@ -115,8 +115,23 @@ def test_pruning_keeps_exactly_n():
 
 
 def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    got = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            got.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     env = dict(__import__("os").environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"))
-    r = deployer("schedule", "add", "--sandbox", "--at", "Sun 03:00", "--if-changed", env=env)
+    r = deployer("schedule", "add", "--sandbox", "--at", "Sun 03:00", "--if-changed",
+                 "--webhook", f"http://127.0.0.1:{srv.server_address[1]}/hook", env=env)
     assert r.returncode == 0, r.stderr
     sid = r.stdout.split()[1].rstrip(":")
     assert f"0 3 * * 0 /usr/bin/env" in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
@@ -129,8 +144,10 @@ def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
         assert main_pid(H) == pid and len(releases()) == n
         log = (tmp_path / "st" / "deployer" / f"schedule-{sid}.log").read_text()
         assert '"event": "result"' in log and '"scheduled_up"' in log
+        assert got and got[-1]["reason"] == "nothing changed; did nothing" and got[-1]["exit_code"] == 0
     finally:
         deployer("schedule", "remove", sid, env=env)
+        srv.shutdown()
     assert f"deployer-schedule:{sid}" not in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
 
 

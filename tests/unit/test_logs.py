@@ -117,3 +117,14 @@ def test_spec_decode_stats_and_delta():
     assert d["drafts"] == 50 and d["draft_tokens"] == 150 and d["acceptance_rate"] == 0.6
     assert d["mean_acceptance_length"] == 2.8
     assert not spec_decode_stats("# nothing\n")["present"]
+
+
+def test_tracebacks_after_ready_are_not_fatal():
+    st = feed_all(REAL + ["Exception occurred during processing of request from ('127.0.0.1', 54290)",
+                          "Traceback (most recent call last):",
+                          "ConnectionResetError: [Errno 104] Connection reset by peer",
+                          "SpecDecoding metrics: Mean acceptance length: 2.05, Accepted throughput: 120.49 tokens/s, "
+                          "Drafted throughput: 803.50 tokens/s, Accepted: 1205 tokens, Drafted: 8036 tokens, "
+                          "Per-position acceptance rate: 0.365, 0.214, Avg Draft acceptance rate: 15.0%"])
+    assert st.phase == "ready" and st.fatal is None
+    assert st.facts["log_acceptance_rate"] == 0.15 and st.facts["log_mean_acceptance_length"] == 2.05

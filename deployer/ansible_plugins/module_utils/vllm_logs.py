@@ -97,6 +97,14 @@ class LoadState(object):
         if self.last_progress_t is None:
             self.last_progress_t = t
         line = strip_prefix(raw)
+        if self.phase == "ready":
+            # A serving server logs request errors (with tracebacks) and lives on; whether it is alive
+            # is the process's and /health's business from here on, not the log's.
+            m = RX["spec"].search(line)
+            if m:
+                self.facts["log_mean_acceptance_length"] = float(m.group(1))
+                self.facts["log_acceptance_rate"] = float(m.group(2)) / 100.0
+            return
         if self.fatal and self.fatal[0] == "traceback" and _EXC_LINE.match(line):
             self.fatal = ("traceback", line)  # the exception line says more than "Traceback (...)"
         for kind, rx in FATAL:

@@ -141,9 +141,14 @@ def health(port):
     except OSError:
         return None  # connection refused: still loading (vLLM does not listen until ready)
     try:
-        s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        data = s.recv(64).decode("latin-1")
-        parts = data.split()
+        s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        data = b""
+        while len(data) < 65536:  # read to EOF: closing early makes the server log a reset
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        parts = data.decode("latin-1").split()
         return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
     except OSError:
         return 0
