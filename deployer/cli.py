@@ -176,6 +176,22 @@ class Progress:
             self.live.stop()
 
 
+def _lock_note(holder: dict) -> str:
+    """Stale or live?  Only the controller that took the lock can tell whether its process is gone."""
+    import socket
+    if not holder:
+        return ""
+    if holder.get("controller") == socket.gethostname():
+        try:
+            os.kill(int(holder.get("pid", 0)), 0)
+            return "held by a live deploy on this machine; wait for it"
+        except (ProcessLookupError, ValueError):
+            return "STALE: its process is gone; `deployer unlock` removes it"
+        except PermissionError:
+            return "held by a live process of another user"
+    return f"held from {holder.get('controller')}; if that run died, `deployer unlock` removes it"
+
+
 def _report(res: runner.Result, as_json: bool, what: str) -> int:
     code = res.exit_code()
     for f in res.failures:
