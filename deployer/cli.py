@@ -438,12 +438,19 @@ def schedule_list(as_json: bool = typer.Option(False, "--json")):
         out.print(f"{s.id}  at {s.at}  {' '.join(s.target)}  if-changed={s.if_changed}  window={s.window or '-'}")
 
 
-@schedule_app.command("remove")
-def schedule_remove(sid: str = typer.Argument(...)):
+def _schedules(sid: str):
+    """All schedules, refusing an unknown id."""
     from deployer import schedule as sc
     items = sc.load()
     if sid not in items:
         _die(Exit.USAGE, f"no schedule {sid!r} (see `deployer schedule list`)")
+    return items
+
+
+@schedule_app.command("remove")
+def schedule_remove(sid: str = typer.Argument(...)):
+    from deployer import schedule as sc
+    items = _schedules(sid)
     sc.uninstall(sid)
     del items[sid]
     sc.save(items)
@@ -456,10 +463,7 @@ def schedule_run(sid: str = typer.Argument(...)):
     import datetime
     import subprocess
     from deployer import schedule as sc
-    items = sc.load()
-    if sid not in items:
-        _die(Exit.USAGE, f"no schedule {sid!r}")
-    s = items[sid]
+    s = _schedules(sid)[sid]
     s.log_path().parent.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now()
 

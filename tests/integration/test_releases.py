@@ -8,14 +8,10 @@ import time
 import pytest
 
 from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, up
-from sandbox_helpers import sh as _sh
+from sandbox_helpers import sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
-
-
-def sh(host, cmd):
-    return _sh(host, cmd)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -134,7 +130,7 @@ def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
                  "--webhook", f"http://127.0.0.1:{srv.server_address[1]}/hook", env=env)
     assert r.returncode == 0, r.stderr
     sid = r.stdout.split()[1].rstrip(":")
-    assert f"0 3 * * 0 /usr/bin/env" in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+    assert "0 3 * * 0 /usr/bin/env" in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
     try:
         pid, n = main_pid(H), len(releases())
         r = deployer("schedule", "run", sid, env=env)

@@ -4,14 +4,10 @@ import json
 import pytest
 
 from sandbox_helpers import flat, needs_sandbox, sandbox_hosts, up
-from sandbox_helpers import sh as _sh
+from sandbox_helpers import sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
-
-
-def sh(host, cmd):
-    return _sh(host, cmd)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,6 +1,5 @@
 """The vllm serve argv (built in one place) and systemd quoting."""
 import json
-import shlex
 
 import pytest
 

@@ -114,7 +114,6 @@ def test_drift_detected_between_apply_and_revert(vllm_src):
 def test_interrupted_apply_is_finished(vllm_src, monkeypatch):
     root = vllm_src("0.16.0")
     real = pe._atomic_write
-    calls = {"n": 0}
 
     def flaky(path, data, mode=None):
         if str(path).endswith("kimi_k25.py") and ".deployer_patch" not in str(path):

@@ -100,10 +100,7 @@ class LoadState(object):
         if self.phase == "ready":
             # A serving server logs request errors (with tracebacks) and lives on; whether it is alive
             # is the process's and /health's business from here on, not the log's.
-            m = RX["spec"].search(line)
-            if m:
-                self.facts["log_mean_acceptance_length"] = float(m.group(1))
-                self.facts["log_acceptance_rate"] = float(m.group(2)) / 100.0
+            self._spec_line(line)
             return
         if self.fatal and self.fatal[0] == "traceback" and _EXC_LINE.match(line):
             self.fatal = ("traceback", line)  # the exception line says more than "Traceback (...)"
@@ -179,6 +176,9 @@ class LoadState(object):
         if RX["ready"].search(line):
             self._enter("ready", t)
             return
+        self._spec_line(line)
+
+    def _spec_line(self, line):
         m = RX["spec"].search(line)
         if m:
             self.facts["log_mean_acceptance_length"] = float(m.group(1))
