@@ -51,7 +51,7 @@ def _parse_extra(extra: List[str]) -> dict:
             vals[k] = yaml.safe_load(v) if v else ""
         except yaml.YAMLError:
             vals[k] = v
-        if isinstance(vals[k], (dict, list)) is False and vals[k] is None:
+        if vals[k] is None:  # "-e k=null" or "-e k=~": an empty value, as before
             vals[k] = ""
     for env, var in (("DEPLOYER_API_KEY", "render_api_key"), ("DEPLOYER_HF_TOKEN", "render_hf_token")):
         if os.environ.get(env) and var not in vals:
@@ -259,10 +259,6 @@ def up(
     raise typer.Exit(_report(res, as_json, "up"))
 
 
-def _target_opts(host, port, user, key, inventory, sandbox):
-    return _inventory(host, port, user, key, inventory, sandbox)
-
-
 _HOST = typer.Option(None, "--host", help="Host address (ad-hoc inventory of one host).")
 _PORT = typer.Option(22, "--port", help="SSH port.")
 _USER = typer.Option("root", "--user", help="SSH user.")
@@ -283,7 +279,7 @@ def rollback(
     """Go back to the previous (or a named) release without reinstalling: flip, restart, watch, smoke."""
     ev = _parse_extra(extra)
     ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": to or ""})
-    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    inv = _inventory(host, port, user, key, inventory, sandbox)
     res = runner.run("rollback.yml", inv, ev, limit=limit, on_event=Progress(as_json))
     raise typer.Exit(_report(res, as_json, "rollback"))
 
@@ -291,7 +287,7 @@ def rollback(
 def _read_hosts(playbook_vars: dict, host, port, user, key, inventory, sandbox, limit, extra) -> dict:
     ev = _parse_extra(extra)
     ev.update(playbook_vars)
-    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    inv = _inventory(host, port, user, key, inventory, sandbox)
     res = runner.run("releases.yml", inv, ev, limit=limit)
     if res.exit_code() != Exit.OK:
         raise typer.Exit(_report(res, False, "read"))
@@ -307,7 +303,7 @@ def watch(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key
           inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT,
           extra: List[str] = typer.Option([], "-e", "--extra-vars"), as_json: bool = typer.Option(False, "--json")):
     """Follow a load under way (phase, progress, ETA) until the server is ready or dies; changes nothing."""
-    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    inv = _inventory(host, port, user, key, inventory, sandbox)
     res = runner.run("watch.yml", inv, _parse_extra(extra), limit=limit, on_event=Progress(as_json))
     raise typer.Exit(_report(res, as_json, "watch"))
 
@@ -367,7 +363,7 @@ def status(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, ke
 def unlock(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key: Optional[str] = _KEY,
            inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT):
     """Remove a host's deploy lock (after checking `deployer releases` shows who holds it)."""
-    inv = _target_opts(host, port, user, key, inventory, sandbox)
+    inv = _inventory(host, port, user, key, inventory, sandbox)
     res = runner.run("unlock.yml", inv, {}, limit=limit, on_event=Progress(False))
     raise typer.Exit(_report(res, False, "unlock"))
 
