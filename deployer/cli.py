@@ -11,9 +11,9 @@ from typing import List, Optional
 
 import typer
 import yaml
-from rich.console import Console
 
 from deployer import runner
+from deployer.output import Display, err, out
 from deployer.runner import Exit
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -23,8 +23,6 @@ app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(patch_app, name="patch")
 schedule_app = typer.Typer(no_args_is_help=True, help="Scheduled redeploys (systemd timer, or cron without systemd).")
 app.add_typer(schedule_app, name="schedule")
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
 
 SECRET_VARS = ("render_api_key", "render_hf_token")
 
@@ -86,94 +84,6 @@ def _inventory(host, port, user, key, inventory, sandbox, trust_new=False) -> st
             _die(Exit.USAGE, f"inventory {inventory}: no such file")
         return inventory
     return _adhoc_inventory(host, port, user, key, trust_new)
-
-
-class Progress:
-    """Progress from Ansible events: a live rich display on a terminal, plain lines otherwise
-    (cron, CI), or JSON lines with --json."""
-
-    def __init__(self, as_json: bool):
-        self.as_json = as_json
-        self.t0 = time.time()
-        self.last_watch = {}
-        self.live = None
-        self.bars = {}
-        if not as_json and err.is_terminal:
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn
-            self.live = RichProgress(TextColumn("[magenta]{task.fields[host]}[/]"), TextColumn("{task.description}"),
-                                     BarColumn(), TextColumn("{task.fields[detail]}"), console=err, transient=True)
-
-    def line(self, text: str):
-        (self.live.console if self.live else err).print(text)
-
-    def emit(self, obj: dict):
-        obj = dict(obj, t=round(time.time() - self.t0, 2), ts=round(time.time(), 3))
-        sys.stdout.write(json.dumps(obj, default=str) + "\n")
-        sys.stdout.flush()
-
-    def phase(self, host: str, res: dict):
-        pct = res.get("percent")
-        prog = f" ({res['progress'][0]}/{res['progress'][1]})" if res.get("progress") else ""
-        eta = res.get("eta_seconds")
-        eta_s = f", ETA {int(eta) // 60}m{int(eta) % 60:02d}s" if eta is not None else ""
-        detail = f"{res.get('elapsed_seconds', 0):.0f}s{eta_s}"
-        title = res.get("phase_title", res.get("phase"))
-        if self.live:
-            if not self.live.live.is_started:
-                self.live.start()
-            if host not in self.bars:
-                self.bars[host] = self.live.add_task(title, total=100, host=host, detail=detail)
-            self.live.update(self.bars[host], description=f"load: {title}{prog}", completed=pct or 0, detail=detail)
-        else:
-            pct_s = f" {pct:.0f}%" if pct is not None else ""
-            err.print(f"         [magenta]{host}[/] load: {title}{pct_s}{prog} [dim]{detail}[/]")
-
-    def __call__(self, ev: dict):
-        data = ev.get("event_data", {})
-        kind = ev.get("event")
-        host = data.get("host")
-        task = data.get("task", "")
-        role = data.get("role", "")
-        if kind == "playbook_on_task_start" and not self.as_json:
-            if task.startswith(("Stage", "Mark", "Record ", "Parse ", "Point at", "Name the release", "Read vLLM",
-                                "Note success", "Fix this run")):
-                return
-            self.line(f"[dim]{time.time() - self.t0:6.1f}s[/] [cyan]{role or 'play'}[/] {task}")
-        elif kind == "runner_retry" and role in ("watch", "release"):
-            res = data.get("res", {})
-            key = (host, res.get("phase"), res.get("percent"), int(res.get("elapsed_seconds") or 0) // 5)
-            if key == self.last_watch.get(host):
-                return
-            self.last_watch[host] = key
-            if self.as_json:
-                self.emit({"event": "phase", "host": host, "phase": res.get("phase"), "percent": res.get("percent"),
-                           "progress": res.get("progress"), "elapsed_seconds": res.get("elapsed_seconds"),
-                           "eta_seconds": res.get("eta_seconds")})
-            else:
-                self.phase(host, res)
-        elif kind == "runner_on_ok" and data.get("task_action") == "vllm_watch":
-            res = data.get("res", {})
-            if self.live and host in self.bars:
-                self.live.remove_task(self.bars.pop(host))
-            if self.as_json:
-                self.emit({"event": "watch_done", "host": host, "state": res.get("state"), "phase": res.get("phase"),
-                           "reason": res.get("reason"), "elapsed_seconds": res.get("elapsed_seconds"),
-                           "phase_seconds": res.get("phase_seconds")})
-            elif res.get("state") != "ready":
-                self.line(f"         [red]{host} {res.get('state')}[/]: {res.get('reason')}")
-            else:
-                self.line(f"         [green]{host} ready[/] after {res.get('elapsed_seconds')} s")
-        elif kind == "runner_on_ok" and not self.as_json:
-            res = data.get("res", {})
-            if data.get("task_action") in ("ansible.builtin.debug", "debug") and res.get("msg"):
-                self.line(f"         [green]{host}[/] {res['msg']}")
-            elif res.get("changed") and data.get("task_action") not in ("ansible.builtin.set_fact", "set_fact"):
-                self.line(f"         [yellow]{host} changed[/]")
-        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable") and self.as_json:
-            self.emit({"event": kind.replace("runner_on_", "task_"), "host": host, "role": role, "task": task,
-                       "changed": data.get("res", {}).get("changed")})
-        elif kind == "playbook_on_stats" and self.live and self.live.live.is_started:
-            self.live.stop()
 
 
 def _lock_note(holder: dict) -> str:
@@ -254,7 +164,7 @@ def up(
     if no_rollback:
         ev["deployer_rollback_enabled"] = False
     inv = _inventory(host, port, user, key, inventory, sandbox, trust_new_host)
-    res = runner.run("up.yml", inv, ev, limit=limit, check=check, diff=diff, on_event=Progress(as_json),
+    res = runner.run("up.yml", inv, ev, limit=limit, check=check, diff=diff, on_event=Display(as_json, verbose),
                      verbosity=verbose)
     raise typer.Exit(_report(res, as_json, "up"))
 
@@ -280,7 +190,7 @@ def rollback(
     ev = _parse_extra(extra)
     ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": to or ""})
     inv = _inventory(host, port, user, key, inventory, sandbox)
-    res = runner.run("rollback.yml", inv, ev, limit=limit, on_event=Progress(as_json))
+    res = runner.run("rollback.yml", inv, ev, limit=limit, on_event=Display(as_json))
     raise typer.Exit(_report(res, as_json, "rollback"))
 
 
@@ -304,7 +214,7 @@ def watch(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, key
           extra: List[str] = typer.Option([], "-e", "--extra-vars"), as_json: bool = typer.Option(False, "--json")):
     """Follow a load under way (phase, progress, ETA) until the server is ready or dies; changes nothing."""
     inv = _inventory(host, port, user, key, inventory, sandbox)
-    res = runner.run("watch.yml", inv, _parse_extra(extra), limit=limit, on_event=Progress(as_json))
+    res = runner.run("watch.yml", inv, _parse_extra(extra), limit=limit, on_event=Display(as_json))
     raise typer.Exit(_report(res, as_json, "watch"))
 
 
@@ -364,7 +274,7 @@ def unlock(host: Optional[str] = _HOST, port: int = _PORT, user: str = _USER, ke
            inventory: Optional[str] = _INV, sandbox: bool = _SBX, limit: Optional[str] = _LIMIT):
     """Remove a host's deploy lock (after checking `deployer releases` shows who holds it)."""
     inv = _inventory(host, port, user, key, inventory, sandbox)
-    res = runner.run("unlock.yml", inv, {}, limit=limit, on_event=Progress(False))
+    res = runner.run("unlock.yml", inv, {}, limit=limit, on_event=Display(False))
     raise typer.Exit(_report(res, False, "unlock"))
 
 
@@ -455,59 +365,11 @@ def schedule_remove(sid: str = typer.Argument(...)):
 
 @schedule_app.command("run")
 def schedule_run(sid: str = typer.Argument(...)):
-    """What the timer/cron runs: window check, `up --json`, log, webhook.  Exit code = up's."""
+    """What the timer/cron runs: window check, `up --json`, log (stdout and stderr), webhook.  Exit code = up's."""
     import datetime
-    import subprocess
     from deployer import schedule as sc
     s = _schedules(sid)[sid]
-    s.log_path().parent.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now()
-
-    def record(obj):
-        obj = dict(obj, schedule=sid, at=now.isoformat(timespec="seconds"))
-        with open(s.log_path(), "a") as f:
-            f.write(json.dumps(obj) + "\n")
-        out.print(json.dumps(obj))
-        if s.webhook:
-            import requests
-            from tenacity import retry, stop_after_attempt, wait_exponential
-
-            @retry(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=1, max=10), reraise=True)
-            def post():
-                requests.post(s.webhook, json=obj, timeout=10).raise_for_status()
-            try:
-                post()
-            except Exception as e:  # a notification failure never changes the deploy's outcome
-                err.print(f"webhook failed: {e}")
-
-    if not sc.in_window(s.window, now):
-        record({"event": "skipped", "reason": f"outside window {s.window} (now {now:%H:%M})", "exit_code": 0})
-        raise typer.Exit(0)
-    cmd = [sc.deployer_path(), "up", *s.target, "--json"] + (["--if-changed"] if s.if_changed else [])
-    for e in s.extra:
-        cmd += ["-e", e]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    result = {}
-    for line in p.stdout.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if ev.get("event") == "result":
-            result = ev
-    with open(s.log_path(), "a") as f:
-        f.write(p.stdout)
-    if p.returncode == Exit.LOCKED:
-        reason = "host locked by another run; did nothing"
-    elif p.returncode == 0:
-        live = [h for h, f in (result.get("hosts") or {}).items()
-                if f.get("_deployer_release_is_live") and not f.get("_deployer_restarted")]
-        reason = "nothing changed; did nothing" if live and len(live) == len(result.get("hosts") or {}) else "deployed"
-    else:
-        reason = "deploy failed"
-    record({"event": "scheduled_up", "exit_code": p.returncode, "reason": reason,
-            "failures": result.get("failures", []), "hosts": sorted((result.get("hosts") or {}).keys())})
-    raise typer.Exit(p.returncode)
+    raise typer.Exit(sc.run_now(s, datetime.datetime.now(), say=lambda m: out.print(m, markup=False)))
 
 
 # ----------------------------------------------------------------------------- sandbox

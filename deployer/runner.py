@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Callable
+
+from deployer import tools
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = ROOT / "playbooks"
@@ -119,7 +120,8 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
     # ansible-runner turns host-key checking OFF unless told otherwise (config/_base.py); we never do that.
     env = {"ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_HOST_KEY_CHECKING": "True",
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+           # ansible-playbook from this venv, ssh from the system: never whichever the caller's PATH finds first
+           "PATH": tools.subprocess_path()}
     try:
         r = ansible_runner.run(
             private_data_dir=pdd, project_dir=str(ROOT), playbook=str(PLAYBOOKS / playbook),

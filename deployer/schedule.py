@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, time as dtime
 from pathlib import Path
 
+from deployer import tools
+
 CONFIG = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "deployer" / "schedules.json"
 STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "deployer"
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -115,8 +117,18 @@ def save(items: dict[str, Schedule]) -> None:
     tmp.replace(CONFIG)
 
 
+def _have(name: str) -> str | None:
+    try:
+        return tools.system(name)
+    except tools.ToolMissing:
+        return None
+
+
 def systemd_running() -> bool:
-    r = subprocess.run(["systemctl", "is-system-running"], capture_output=True, text=True)
+    systemctl = _have("systemctl")
+    if not systemctl or not os.path.isdir("/run/systemd/system"):
+        return False
+    r = subprocess.run([systemctl, "is-system-running"], capture_output=True, text=True)
     return r.stdout.strip() in ("running", "degraded", "starting")
 
 
@@ -125,12 +137,12 @@ def deployer_path() -> str:
 
 
 def _crontab() -> list[str]:
-    r = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    r = subprocess.run([tools.system("crontab"), "-l"], capture_output=True, text=True)
     return r.stdout.splitlines() if r.returncode == 0 else []
 
 
 def _set_crontab(lines: list[str]) -> None:
-    subprocess.run(["crontab", "-"], input="\n".join(lines) + "\n", text=True, check=True)
+    subprocess.run([tools.system("crontab"), "-"], input="\n".join(lines) + "\n", text=True, check=True)
 
 
 def install(s: Schedule) -> str:
@@ -142,10 +154,11 @@ def install(s: Schedule) -> str:
         d = Path("/etc/systemd/system")
         for name, text in timer_units(s, deployer_path()).items():
             (d / name).write_text(text)
-        subprocess.run(["systemctl", "daemon-reload"], check=True)
-        subprocess.run(["systemctl", "enable", "--now", f"deployer-schedule-{s.id}.timer"], check=True)
+        systemctl = tools.system("systemctl")
+        subprocess.run([systemctl, "daemon-reload"], check=True)
+        subprocess.run([systemctl, "enable", "--now", f"deployer-schedule-{s.id}.timer"], check=True)
         return f"systemd timer deployer-schedule-{s.id}.timer (OnCalendar={on_calendar(s)})"
-    if not shutil_which("crontab"):
+    if not _have("crontab"):
         raise ScheduleError("no systemd and no crontab on this machine; install cron (apt-get install cron)")
     lines = [x for x in _crontab() if not x.endswith(MARK + s.id)]
     line = cron_line(s, deployer_path())
@@ -156,20 +169,92 @@ def install(s: Schedule) -> str:
 def uninstall(sid: str) -> None:
     unit = Path(f"/etc/systemd/system/deployer-schedule-{sid}.timer")
     if unit.exists():
-        subprocess.run(["systemctl", "disable", "--now", unit.name], check=False)
+        subprocess.run([tools.system("systemctl"), "disable", "--now", unit.name], check=False)
         unit.unlink()
         Path(f"/etc/systemd/system/deployer-schedule-{sid}.service").unlink(missing_ok=True)
-    if shutil_which("crontab"):
+    if _have("crontab"):
         lines = _crontab()
         keep = [x for x in lines if not x.endswith(MARK + sid)]
         if keep != lines:
             _set_crontab(keep)
 
 
-def shutil_which(name: str) -> str | None:
-    import shutil
-    return shutil.which(name)
-
-
 def new_id() -> str:
     return uuid.uuid4().hex[:8]
+
+
+# ------------------------------------------------------------------ what the timer / cron entry runs
+EXIT_LOCKED = 6  # deployer.runner.Exit.LOCKED (not imported: keeps this module free of ansible-runner)
+STDERR_TAIL_LINES = 40
+
+
+def notify(url: str, obj: dict, attempts: int = 3) -> str | None:
+    """POST ``obj`` to the webhook with retries and backoff; returns the error text, or None when delivered.
+    A notification failure never changes the deploy's outcome."""
+    import requests
+    from tenacity import retry, stop_after_attempt, wait_exponential
+
+    @retry(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=1, max=10), reraise=True)
+    def post():
+        requests.post(url, json=obj, timeout=10).raise_for_status()
+    try:
+        post()
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure to deliver is reported, never raised
+        return f"{type(e).__name__}: {e}"
+
+
+def summarize(returncode: int, result: dict) -> str:
+    if returncode == EXIT_LOCKED:
+        return "host locked by another run; did nothing"
+    if returncode == 0:
+        hosts = result.get("hosts") or {}
+        live = [h for h, f in hosts.items() if f.get("_deployer_release_is_live") and not f.get("_deployer_restarted")]
+        return "nothing changed; did nothing" if hosts and len(live) == len(hosts) else "deployed"
+    return "deploy failed"
+
+
+def run_now(s: Schedule, now: datetime, say=print) -> int:
+    """One scheduled run: window check, ``deployer up --json``, the log (stdout AND stderr), the webhook.
+    Returns ``up``'s exit code (0 when outside the window)."""
+    log = s.log_path()
+    log.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(obj: dict) -> None:
+        obj = dict(obj, schedule=s.id, at=now.isoformat(timespec="seconds"))
+        with open(log, "a") as f:
+            f.write(json.dumps(obj) + "\n")
+        say(json.dumps(obj))
+        if s.webhook:
+            error = notify(s.webhook, obj)
+            if error:
+                with open(log, "a") as f:
+                    f.write(json.dumps({"event": "webhook_failed", "schedule": s.id, "url": s.webhook,
+                                        "error": error}) + "\n")
+                say(f"webhook failed: {error}")
+
+    if not in_window(s.window, now):
+        record({"event": "skipped", "reason": f"outside window {s.window} (now {now:%H:%M})", "exit_code": 0})
+        return 0
+    cmd = [deployer_path(), "up", *s.target, "--json"] + (["--if-changed"] if s.if_changed else [])
+    for e in s.extra:
+        cmd += ["-e", e]
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result: dict = {}
+    for line in p.stdout.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("event") == "result":
+            result = ev
+    with open(log, "a") as f:
+        f.write(p.stdout if p.stdout.endswith("\n") or not p.stdout else p.stdout + "\n")
+        # a usage error or a traceback goes to stderr: keep it, line by line, marked as such
+        for line in p.stderr.splitlines():
+            f.write(json.dumps({"event": "stderr", "schedule": s.id, "line": line}) + "\n")
+    stderr_tail = p.stderr.splitlines()[-STDERR_TAIL_LINES:]
+    record({"event": "scheduled_up", "exit_code": p.returncode, "reason": summarize(p.returncode, result),
+            "failures": result.get("failures", []), "hosts": sorted((result.get("hosts") or {}).keys()),
+            **({"stderr_tail": stderr_tail} if p.returncode != 0 else {})})
+    return p.returncode

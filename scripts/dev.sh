@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
 # One entry point for set-up, the demo and the tests.  Idempotent; run as root on Debian 12.
 #   bash scripts/dev.sh demo   # set up, start the sandbox host, run `deployer up --sandbox`
-#   bash scripts/dev.sh test   # set up, run the whole test suite
+#   bash scripts/dev.sh test   # set up, run the whole test suite (what CI runs: .ci/run)
+#
+# Everything runs in a scrubbed environment: the PATH of a fresh Debian root and no tool variables
+# from the caller's shell (VIRTUAL_ENV, PYTHONPATH, UV_*, ANSIBLE_*, PIP_* ...).  Only the machine's
+# network and TLS settings (proxy and CA-bundle variables) are kept, as a user's machine has them.
+# So a missing install step fails here, not first on a user's machine.
 set -euo pipefail
+
+if [ -z "${_DEPLOYER_DEV_SCRUBBED:-}" ]; then
+  keep=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin _DEPLOYER_DEV_SCRUBBED=1)
+  for name in $(compgen -e); do
+    case "$name" in
+      HOME|USER|LOGNAME|LANG|LC_*|TERM|TZ|CI) keep+=("$name=${!name}") ;;
+      http_proxy|https_proxy|no_proxy|all_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY|ALL_PROXY) keep+=("$name=${!name}") ;;
+      *CA_BUNDLE*|*CA_CERTS*|SSL_CERT_FILE|SSL_CERT_DIR|*_CAINFO|PIP_CERT) keep+=("$name=${!name}") ;;
+    esac
+  done
+  exec env -i "${keep[@]}" /bin/bash "$0" "$@"
+fi
+
 cd "$(dirname "$0")/.."
 HERE=$(pwd)
 VENV=$HERE/.venv
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/deployer
-export UV_CACHE_DIR=${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}
+CACHE=$HOME/.cache/deployer
+PY=/usr/bin/python3                       # Debian's python3 (apt package python3), never a PATH lookup
+export UV_CACHE_DIR=$HOME/.cache/uv       # the controller's uv cache; sandbox hosts install offline from it
 
 apt_deps() {
   local need=()
-  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl; do
+  # openssh-*: real sshd on sandbox hosts and the controller's ssh; systemd-container: systemd-nspawn;
+  # iproute2: network namespaces; cron: scheduled redeploys without systemd; curl: tests on hosts
+  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl util-linux; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then
@@ -24,7 +45,7 @@ apt_deps() {
 
 py_deps() {
   if [ ! -x "$VENV/bin/uv" ]; then
-    python3 -m venv "$VENV"
+    "$PY" -m venv "$VENV"
     "$VENV/bin/pip" install -q uv
   fi
   "$VENV/bin/uv" pip install -q -p "$VENV/bin/python" -e ".[test]"
@@ -38,20 +59,31 @@ prepare_vllm() {
   if [ ! -f "$d/.deployer-installed" ]; then
     echo "setup: preparing vLLM $v (cached at $d; ~1 min the first time)"
     rm -rf "$d"
-    "$VENV/bin/uv" venv -q -p /usr/bin/python3 "$d"
+    "$VENV/bin/uv" venv -q -p "$PY" "$d"
     "$VENV/bin/uv" pip install -q -p "$d/bin/python" "vllm==$v"
     echo "$v" > "$d/.deployer-installed"
   fi
 }
 
+# A Python with ansible-core and nothing else: proves plain `ansible-playbook` works without this package.
+prepare_plain_ansible() {
+  local d=$CACHE/venvs/ansible-core-only
+  if [ ! -f "$d/.deployer-installed" ]; then
+    rm -rf "$d"
+    "$VENV/bin/uv" venv -q -p "$PY" "$d"
+    "$VENV/bin/uv" pip install -q -p "$d/bin/python" "ansible-core>=2.19,<2.20"
+    touch "$d/.deployer-installed"
+  fi
+}
+
 case "${1:-}" in
-  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0 ;;
+  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_plain_ansible ;;
   demo)
     apt_deps; py_deps; prepare_vllm 0.16.0
     "$VENV/bin/deployer" sandbox start
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
-    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0   # 0.18.0: the natively supported path
+    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_plain_ansible  # 0.18.0: native path
     exec "$VENV/bin/python" -m pytest -q -ra "${@:2}" ;;
   *) echo "usage: $0 setup|demo|test [pytest args]"; exit 2 ;;
 esac

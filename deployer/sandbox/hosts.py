@@ -14,11 +14,11 @@ Packages: the hosts have no route to a package index, like many production GPU
 hosts.  The deployer installs vLLM with ``uv --offline`` from the host's uv cache
 (``vllm_install_offline``); the sandbox pre-seeds that cache by hard-linking the
 controller's uv cache into the host's upper layer (0.9 s for 10 GB, no extra disk).
-The controller's cache is filled by ``deployer sandbox prepare`` (a real install
-from the index).  On a real offline host the same role variable works after the
+The controller's cache is filled by ``scripts/dev.sh`` (a real install of each vLLM
+release the tests use, from the index).  On a real offline host the same role variable works after the
 cache is seeded (rsync), or use ``vllm_install_wheelhouse_dir``.
 
-Pitfalls handled (shared/reference/test-harness.md): clean /root (no pyenv in
+Pitfalls handled (docs/sandbox.md): clean /root (no pyenv in
 .bashrc), opaque *.target.wants, fresh machine-id, never SIGTERM the container's
 systemd (SIGTERM nspawn instead), close ssh ControlPersist masters before tearing
 the bridge down.
@@ -33,6 +33,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from deployer import tools
 
 BRIDGE = "dpsbx0"
 NET = "10.77.0"
@@ -74,8 +76,10 @@ class Host:
         return STATE / self.name
 
 
-def _run(*cmd, check=True, **kw):
-    return subprocess.run([str(c) for c in cmd], check=check, text=True, capture_output=True, **kw)
+def _run(prog, *args, check=True, **kw):
+    """Run a system program found by ``tools.system`` (never the caller's PATH)."""
+    exe = prog if os.path.isabs(str(prog)) else tools.system(prog)
+    return subprocess.run([exe, *(str(a) for a in args)], check=check, text=True, capture_output=True, **kw)
 
 
 def host(i: int) -> Host:
@@ -83,7 +87,8 @@ def host(i: int) -> Host:
 
 
 def uv_cache_dir() -> Path:
-    out = _run("uv", "cache", "dir", check=False)
+    """The controller's uv cache (what ``scripts/dev.sh`` filled), from the uv the deployer ships with."""
+    out = _run(tools.uv(), "cache", "dir", check=False)
     return Path(out.stdout.strip() or Path.home() / ".cache" / "uv")
 
 
@@ -262,12 +267,13 @@ def start_host(i: int) -> Host:
     _run("ip", "-n", ns, "link", "set", "lo", "up")
     d = h.dir
     script = (
-        f"set -e; mount -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {merged}; "
-        f"exec systemd-nspawn --quiet --register=no --keep-unit --link-journal=no --console=passive "
+        f"set -e; {tools.system('mount')} -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {merged}; "
+        f"exec {tools.system('systemd-nspawn')} --quiet --register=no --keep-unit --link-journal=no --console=passive "
         f"-M {h.name} -D {merged} --network-namespace-path=/run/netns/{ns} --boot"
     )
     log = open(d / "console.log", "w")
-    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", script],
+    p = subprocess.Popen([tools.system("unshare"), "--mount", "--propagation", "private", "--",
+                          tools.system("bash"), "-c", script],
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     (d / "launcher.pid").write_text(str(p.pid))
     return h
@@ -329,8 +335,12 @@ def hosts_on_disk() -> list[Host]:
 
 
 def start(n: int = 1) -> list[Host]:
-    missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare") if not shutil.which(c) and
-               not Path(f"/usr/sbin/{c}").exists()]
+    missing = []
+    for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen"):
+        try:
+            tools.system(c)
+        except tools.ToolMissing:
+            missing.append(c)
     if missing:
         raise SandboxError(f"missing on this machine: {', '.join(missing)}; install: apt-get install -y "
                            + " ".join(APT_PACKAGES))
@@ -398,6 +408,14 @@ def ssh(h: str, command: str, check: bool = True, timeout: float = 60) -> subpro
     if check and r.returncode != 0:
         raise SandboxError(f"ssh {h} {command!r}: rc={r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
+
+
+def copy_to(h: str, src: Path | str, dest: str, mode: str = "0755") -> None:
+    """Put a file from this machine onto a sandbox host (tests and rehearsals)."""
+    r = _run("scp", "-q", "-F", STATE / "ssh_config", "-o", "BatchMode=yes", src, f"{h}:{dest}", check=False)
+    if r.returncode != 0:
+        raise SandboxError(f"scp {src} {h}:{dest}: rc={r.returncode}\n{r.stderr}")
+    ssh(h, f"chmod {mode} {dest}")
 
 
 def set_knobs(h: str, gpus: dict | None = None, standin: dict | None = None) -> None:

@@ -36,6 +36,20 @@ def main_pid(host):
     return sh(host, f"systemctl show -p MainPID --value {SVC}")
 
 
+STAGE_NAMES = ("preflight", "install", "patch", "drafter", "render", "verify", "start", "watch", "smoke",
+               "release", "rollback")
+
+
+def stages(text, host):
+    """The stage lines of human output for one host: {stage: outcome} (`  12.3s sbx1 patch changed 1.2s ...`)."""
+    out = {}
+    for line in text.splitlines():
+        w = line.split()
+        if len(w) >= 4 and w[1] == host and w[2] in STAGE_NAMES:
+            out[w[2]] = w[3]
+    return out
+
+
 def flat(text):
     return " ".join(text.split())
 

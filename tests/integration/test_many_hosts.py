@@ -1,7 +1,7 @@
 """Three sandbox hosts: parallel deploy, then a rolling deploy that stops at a broken host."""
 import pytest
 
-from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, up
+from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 HOSTS = ["sbx1", "sbx2", "sbx3"]
@@ -13,9 +13,17 @@ def sandbox():
 
 
 def test_parallel_then_rolling_stops_at_broken_host():
+    from deployer import tools
     from deployer.sandbox import hosts as sb
+    # sbx2 has its own uv on the PATH (common on GPU boxes); sbx1 and sbx3 have none and get ours shipped
+    sb.copy_to("sbx2", tools.uv(), "/usr/local/bin/uv")
     r = up()
     assert r.returncode == 0, r.stderr
+    for h in HOSTS:
+        assert stages(r.stderr, h)["install"] == "changed", r.stderr
+        assert sh(h, "cat /opt/deployer/venvs/vllm-0.16.0/.deployer-installed") == "0.16.0"
+    assert sh("sbx2", "test -e /opt/deployer/bin/uv && echo shipped || echo own") == "own"
+    assert sh("sbx1", "test -x /opt/deployer/bin/uv && echo shipped || echo own") == "shipped"
     for h in HOSTS:
         assert f"{h}: release" in r.stdout and sh(h, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
     before = {h: (sh(h, "readlink /opt/deployer/current"), main_pid(h)) for h in HOSTS}

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, up
+from helpers import CACHE
+from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, stages, up
 from sandbox_helpers import sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
@@ -49,7 +50,9 @@ def test_up_noop_change_rollback():
 
     r = deployer("rollback", "--sandbox")
     assert r.returncode == 0, r.stderr
-    assert "Install vLLM" not in r.stderr and "Ship the drafter" not in r.stderr      # no reinstall
+    done = stages(r.stderr, H)
+    assert {"start", "watch", "smoke", "release"} <= set(done) and done["start"] == "changed", r.stderr
+    assert not {"install", "patch", "drafter", "verify"} & set(done), r.stderr     # no reinstall, no re-verify
     assert sh(H, "readlink /opt/deployer/current") == first
     assert sh(H, "readlink /opt/deployer/previous") == second
     assert json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"] == first_argv[2:]
@@ -63,6 +66,27 @@ def test_up_noop_change_rollback():
     r = deployer("status", "--sandbox", "--json")
     st = json.loads(r.stdout)[H]
     assert st["health"] == 200 and st["spec"]["acceptance_rate"] > 0 and len(st["gpu_memory_used_mib"]) == 8
+
+
+def test_plain_ansible_playbook_without_this_package():
+    """The README's plain `ansible-playbook` works from a Python that has ansible-core and nothing else."""
+    from deployer.sandbox import hosts as sb
+    bin_ = CACHE / "venvs" / "ansible-core-only" / "bin"
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(__import__("pathlib").Path.home()),
+           "LANG": "C.UTF-8"}
+    probe = subprocess.run([str(bin_ / "python"), "-c", "import deployer"], capture_output=True, text=True, env=env,
+                           cwd="/")
+    assert probe.returncode != 0, "the plain-Ansible Python must not have the deployer package"
+    live = sh(H, "basename $(readlink /opt/deployer/current)")
+    inv = str(sb.STATE / "inventory.yml")
+    r = subprocess.run([str(bin_ / "ansible-playbook"), "-i", inv, "playbooks/up.yml", "--check"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"check mode: release {live} is already live; nothing would change" in flat(r.stdout)
+    r = subprocess.run([str(bin_ / "ansible-playbook"), "-i", inv, "playbooks/releases.yml", "-v"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f'"current": "{live}"' in r.stdout
 
 
 def test_rollback_to_unknown_release_is_refused():

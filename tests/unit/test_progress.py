@@ -1,49 +1,115 @@
 """The CLI's progress display, fed a recorded-shape Ansible event stream (terminal, plain and JSON modes)."""
 import io
 import json
+import re
 
 import pytest
 from rich.console import Console
 
-from deployer import cli
+from deployer import output
+
+
+def ev(kind, host=None, role="", task="", action="", res=None, **extra):
+    data = {"host": host, "role": role, "task": task, "task_action": action, "res": res or {},
+            "task_uuid": f"{role}/{task}", "task_path": f"/repo/roles/{role}/tasks/main.yml:1", **extra}
+    return {"event": kind, "event_data": data}
+
 
 EVENTS = [
-    {"event": "playbook_on_task_start", "event_data": {"task": "Follow the model load until /health answers",
-                                                       "role": "watch"}},
-    {"event": "runner_retry", "event_data": {"host": "h1", "role": "watch", "res": {
+    ev("playbook_on_task_start", role="preflight", task="Validating arguments against arg spec 'main'"),
+    ev("runner_on_start", "h1", "preflight", "Validating arguments against arg spec 'main'"),
+    ev("runner_on_ok", "h1", "preflight", "Validating arguments against arg spec 'main'", "validate_argument_spec"),
+    ev("runner_on_start", "h1", "preflight", "Ensure the host has 8 GPUs."),
+    ev("runner_on_ok", "h1", "preflight", "Ensure the host has 8 GPUs.", "ansible.builtin.assert",
+       {"msg": "All assertions passed"}),
+    ev("runner_on_start", "h1", "vllm_patch", "Ensure vLLM has exactly the EAGLE-3 patches"),
+    ev("runner_on_ok", "h1", "vllm_patch", "Ensure vLLM has exactly the EAGLE-3 patches", "vllm_eagle3_patch",
+       {"changed": True}),
+    ev("runner_on_start", "h1", "vllm_patch", "Report what the patch engine did."),
+    ev("runner_on_ok", "h1", "vllm_patch", "Report what the patch engine did.", "ansible.builtin.debug",
+       {"msg": "patched vLLM 0.16.0: P1, P2"}),
+    ev("runner_on_start", "h1", "drafter", "Ship the drafter."),
+    ev("runner_on_skipped", "h1", "drafter", "Ship the drafter."),
+    ev("runner_on_start", "h1", "watch", "Follow the model load until /health answers"),
+    ev("runner_retry", "h1", "watch", res={
         "phase": "weights", "phase_title": "loading weights", "percent": 45.3, "progress": [29, 64],
-        "elapsed_seconds": 70.0, "eta_seconds": 95.0}}},
-    {"event": "runner_retry", "event_data": {"host": "h1", "role": "watch", "res": {
+        "elapsed_seconds": 70.0, "eta_seconds": 95.0, "overdue_seconds": 0}),
+    ev("runner_retry", "h1", "watch", res={
         "phase": "graphs", "phase_title": "CUDA graph capture", "percent": None, "progress": None,
-        "elapsed_seconds": 200.0, "eta_seconds": None}}},
-    {"event": "runner_on_ok", "event_data": {"host": "h1", "role": "watch", "task_action": "vllm_watch", "res": {
-        "state": "ready", "phase": "ready", "elapsed_seconds": 230.0, "phase_seconds": {"weights": 100}}}},
-    {"event": "runner_on_ok", "event_data": {"host": "h1", "role": "smoke", "task_action": "ansible.builtin.debug",
-                                             "res": {"msg": "served: hello"}}},
+        "elapsed_seconds": 200.0, "eta_seconds": 3.0, "overdue_seconds": 12.0}),
+    ev("runner_on_ok", "h1", "watch", "Follow the model load until /health answers", "vllm_watch",
+       {"state": "ready", "phase": "ready", "elapsed_seconds": 230.0, "phase_seconds": {"weights": 100}}),
+    ev("runner_on_start", "h1", "watch", "Ensure the server came up."),
+    ev("runner_on_ok", "h1", "watch", "Ensure the server came up.", "ansible.builtin.assert",
+       {"msg": "ready after 230.0 s"}),
+    ev("runner_on_start", "h1", "smoke", "Report the smoke test."),
+    ev("runner_on_ok", "h1", "smoke", "Report the smoke test.", "ansible.builtin.debug", {"msg": "served: hello"}),
+    ev("runner_on_start", "h1", "smoke", "Report the smoke test."),
+    ev("runner_on_start", "h1", "release", "Go back", task_path="/repo/roles/release/tasks/rollback.yml:3"),
+    ev("runner_on_failed", "h1", "release", "Go back", "ansible.builtin.assert", {"msg": "ROLLBACK FAILED"},
+       task_path="/repo/roles/release/tasks/rollback.yml:3"),
     {"event": "playbook_on_stats", "event_data": {}},
 ]
 
 
+def plain(text):
+    """Terminal output without colours and cursor codes, one screen line per item."""
+    lines = re.split(r"\x1b\[2K|\r|\n", text)
+    return "\n".join(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", x) for x in lines)
+
+
+def stage_lines(text):
+    return {line.split()[2]: line.split()[3] for line in text.splitlines()
+            if len(line.split()) > 3 and line.split()[1] == "h1" and line.split()[2] in
+            ("preflight", "patch", "drafter", "watch", "smoke", "rollback")}
+
+
 @pytest.mark.parametrize("terminal", [True, False])
-def test_human_progress(monkeypatch, terminal):
+@pytest.mark.parametrize("verbose", [0, 1])
+def test_one_line_per_stage(terminal, verbose):
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "err", Console(file=buf, force_terminal=terminal, width=120, soft_wrap=True))
-    p = cli.Progress(as_json=False)
-    assert (p.live is not None) == terminal
-    for ev in EVENTS:
-        p(ev)
-    text = buf.getvalue()
-    assert "h1 ready" in text and "served: hello" in text
+    d = output.Display(as_json=False, verbose=verbose,
+                       console=Console(file=buf, force_terminal=terminal, width=160, soft_wrap=True))
+    assert (d.live is not None) == terminal
+    for e in EVENTS:
+        d(e)
+    text = plain(buf.getvalue())
+    assert stage_lines(text) == {"preflight": "unchanged", "patch": "changed", "drafter": "skipped",
+                                 "watch": "unchanged", "smoke": "unchanged", "rollback": "failed"}, text
+    assert "patched vLLM 0.16.0: P1, P2" in text and "served: hello" in text and "ready after 230.0 s" in text
+    assert "Validating arguments" not in text and "All assertions passed" not in text
+    assert "Ship the drafter" not in text                       # a skipped task's title never shows
+    if verbose:
+        assert text.count("task: vllm_patch / Report what the patch engine did.") == 1
+    else:
+        assert "task:" not in text and "Report what the patch engine did" not in text
     if not terminal:
         assert "load: loading weights 45% (29/64)" in text and "ETA 1m35s" in text
+        assert "ETA 0m03s (this phase 0m12s past the last load's)" in text
+
+
+def test_eta_counts_down_and_says_when_passed(monkeypatch):
+    col = output._EtaColumn()
+    now = [1000.0]
+    monkeypatch.setattr(output.time, "time", lambda: now[0])
+
+    class T:
+        fields = {"eta_at": 1013.0, "overdue": 0}
+    assert col.render(T).plain == "ETA 0m13s"
+    now[0] = 1006.0
+    assert col.render(T).plain == "ETA 0m07s"
+    now[0] = 1020.0
+    assert col.render(T).plain == "0m07s past ETA"
 
 
 def test_json_progress(capsys):
-    p = cli.Progress(as_json=True)
-    for ev in EVENTS:
-        p(ev)
+    d = output.Display(as_json=True)
+    for e in EVENTS:
+        d(e)
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     phases = [x for x in lines if x["event"] == "phase"]
     assert phases[0]["phase"] == "weights" and phases[0]["eta_seconds"] == 95.0 and phases[0]["progress"] == [29, 64]
     assert [x for x in lines if x["event"] == "watch_done"][0]["state"] == "ready"
+    stages = {x["stage"]: x["outcome"] for x in lines if x["event"] == "stage"}
+    assert stages["patch"] == "changed" and stages["rollback"] == "failed"
     assert all("ts" in x for x in lines)

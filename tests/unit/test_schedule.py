@@ -28,3 +28,36 @@ def test_windows_including_midnight_wrap():
     assert in_window("02:00-05:00", at(3, 0)) and not in_window("02:00-05:00", at(5, 0))
     assert in_window("23:00-01:00", at(23, 30)) and in_window("23:00-01:00", at(0, 30))
     assert not in_window("23:00-01:00", at(12, 0))
+
+
+def test_scheduled_run_keeps_stderr_of_a_failing_up(tmp_path, monkeypatch):
+    """A usage error (or traceback) of the scheduled `deployer up` reaches the schedule's log."""
+    from deployer import schedule as sc
+    monkeypatch.setattr(sc, "STATE", tmp_path)
+    missing = tmp_path / "no-such-vars.yml"
+    s = Schedule(id="t1", at="03:00", target=["--host", "192.0.2.1"], extra=[f"@{missing}"])
+    said = []
+    rc = sc.run_now(s, datetime(2026, 11, 29, 3, 0), say=said.append)
+    assert rc == 2
+    log = [__import__("json").loads(x) for x in (tmp_path / "schedule-t1.log").read_text().splitlines()]
+    errors = " ".join(x["line"] for x in log if x["event"] == "stderr")
+    assert f"-e @{missing}" in errors and "No such file or directory" in errors
+    last = log[-1]
+    assert last["event"] == "scheduled_up" and last["exit_code"] == 2 and last["reason"] == "deploy failed"
+    assert any("No such file or directory" in x for x in last["stderr_tail"])
+
+
+def test_webhook_failure_is_logged_and_does_not_change_the_outcome(tmp_path, monkeypatch):
+    import socket
+    from deployer import schedule as sc
+    monkeypatch.setattr(sc, "STATE", tmp_path)
+    with socket.socket() as sock:           # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    s = Schedule(id="t2", at="03:00", target=["--sandbox"], window="04:00-05:00",
+                 webhook=f"http://127.0.0.1:{port}/hook")
+    said = []
+    assert sc.run_now(s, datetime(2026, 11, 29, 3, 0), say=said.append) == 0   # outside the window
+    log = (tmp_path / "schedule-t2.log").read_text()
+    assert '"event": "skipped"' in log and '"event": "webhook_failed"' in log and "ConnectionError" in log
+    assert any(m.startswith("webhook failed: ConnectionError") for m in said)

@@ -1,11 +1,23 @@
-"""Jinja filters for the roles.  Thin wrappers: the logic lives in the deployer package."""
+"""Jinja filters for the roles.  Thin wrappers: the logic lives in the deployer package.
+
+Plain ``ansible-playbook`` runs these from whatever Python has ansible-core, which need not
+have this package installed: the repository that holds this file is put on ``sys.path``
+(the package's pure modules need only the standard library).
+"""
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from pathlib import Path
 
-from deployer import serve
-from deployer.ansible_plugins.module_utils import vllm_logs
+try:
+    import deployer  # noqa: F401  (installed, or already importable)
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from deployer import drafter, serve  # noqa: E402
+from deployer.ansible_plugins.module_utils import vllm_logs  # noqa: E402
 
 
 def parse_gpu_csv(text):
@@ -35,8 +47,7 @@ def content_hash(value, length=12):
 
 def drafter_manifest(src_dir):
     """Content manifest of the drafter checkpoint on the controller; see deployer.drafter."""
-    from deployer.drafter import tree_manifest
-    return tree_manifest(src_dir)
+    return drafter.tree_manifest(src_dir)
 
 
 class FilterModule(object):

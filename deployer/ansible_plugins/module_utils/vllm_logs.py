@@ -224,6 +224,13 @@ def eta_seconds(phase, elapsed_in_phase, previous):
     return round(cur + rest, 1)
 
 
+def overdue_seconds(phase, elapsed_in_phase, previous):
+    """How far the current phase already runs past its duration in the previous release (0 when not)."""
+    if not previous or phase not in PHASES or phase not in previous:
+        return 0.0
+    return round(max(0.0, float(elapsed_in_phase or 0.0) - float(previous[phase])), 1)
+
+
 def parse_prometheus(text):
     """Prometheus text format -> {name: [(labels dict, value)]}.  Comments and bad lines skipped."""
     out = {}

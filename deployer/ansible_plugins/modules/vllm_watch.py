@@ -86,6 +86,10 @@ eta_seconds:
   description: Seconds until ready, from the previous release's phase durations (null without them).
   returned: always
   type: float
+overdue_seconds:
+  description: How far the current phase runs past its duration in the previous release (0 when not).
+  returned: always
+  type: float
 tail:
   description: Last log lines (on failure).
   returned: always
@@ -97,7 +101,7 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_logs import LoadState, eta_seconds
+from ansible.module_utils.vllm_logs import LoadState, eta_seconds, overdue_seconds
 
 TAIL = 40
 
@@ -172,7 +176,9 @@ def look(module, p):
                warnings=snap["warnings"], elapsed_seconds=round(elapsed, 1), pid=props.get("MainPID"),
                active_state=props.get("ActiveState"), tail=[], reason="", fatal=snap["fatal"],
                eta_seconds=eta_seconds(snap["phase"], snap["phase_seconds"].get(snap["phase"], 0.0),
-                                       p.get("previous_phase_seconds") or {}))
+                                       p.get("previous_phase_seconds") or {}),
+               overdue_seconds=overdue_seconds(snap["phase"], snap["phase_seconds"].get(snap["phase"], 0.0),
+                                               p.get("previous_phase_seconds") or {}))
     active = props.get("ActiveState")
     if active not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
         res.update(state="crashed", tail=tail,
