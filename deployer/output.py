@@ -27,7 +27,7 @@ STAGES = {"preflight": "preflight", "vllm_install": "install", "vllm_patch": "pa
           "render": "render", "verify": "verify", "start": "start", "watch": "watch", "smoke": "smoke",
           "release": "release"}
 ROLLBACK_TASKS = "/roles/release/tasks/rollback.yml"
-QUIET_MSGS = ("All assertions passed",)
+QUIET_MSGS = ("All assertions passed", "All items completed")
 SET_FACT = ("ansible.builtin.set_fact", "set_fact")
 DEBUG = ("ansible.builtin.debug", "debug")
 ASSERT = ("ansible.builtin.assert", "assert")

@@ -6,7 +6,9 @@ Answers the queries the deployer makes, in nvidia-smi's CSV format:
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits
   nvidia-smi -L
 The GPU set comes from /etc/deployer-sandbox/gpus.json ({"count", "name", "memory_mib",
-"driver", "used_mib"}), so tests can rehearse a host with 7 GPUs or an old driver.
+"driver", "used_mib" (one number, or a list per GPU), "driver_loaded"}), so tests can
+rehearse a host with 7 GPUs, an old driver, busy GPUs, or a driver that is not loaded
+(nvidia-smi's own message and exit code 9, as after a kernel update without a reboot).
 """
 import json
 import sys
@@ -26,18 +28,30 @@ def conf():
     return c
 
 
+NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+             "Make sure that the latest NVIDIA driver is installed and running.")
+
+
+def used(c, i):
+    u = c["used_mib"]
+    return int(u[i] if isinstance(u, list) and i < len(u) else (0 if isinstance(u, list) else u))
+
+
 def field(c, i, name, units):
     mib = "" if units else " MiB"
     return {
         "index": str(i), "name": c["name"], "driver_version": c["driver"],
-        "memory.total": "%d%s" % (c["memory_mib"], mib), "memory.used": "%d%s" % (c["used_mib"], mib),
-        "memory.free": "%d%s" % (c["memory_mib"] - c["used_mib"], mib),
+        "memory.total": "%d%s" % (c["memory_mib"], mib), "memory.used": "%d%s" % (used(c, i), mib),
+        "memory.free": "%d%s" % (c["memory_mib"] - used(c, i), mib),
         "uuid": "%s%d" % (c["uuid_prefix"], i), "compute_cap": "12.0", "pci.bus_id": "00000000:%02X:00.0" % (0x18 + i),
     }[name]
 
 
 def main(argv):
     c = conf()
+    if c.get("driver_loaded", True) is False:
+        print(NO_DRIVER)
+        return 9
     if "-L" in argv:
         for i in range(c["count"]):
             print("GPU %d: %s (UUID: %s%d)" % (i, c["name"], c["uuid_prefix"], i))

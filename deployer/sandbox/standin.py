@@ -1,27 +1,38 @@
 #!/usr/bin/env python3
 """SANDBOX ONLY: a vLLM stand-in server (the one simulated part of the deploy).
 
-No GPU exists here, so this script takes the place of the engine's CUDA work.
-Everything a deployer can see is kept faithful to vLLM (formats from
-shared/reference/kimi-eagle3-serving.md §5-6):
+No GPU exists here, so this script takes the place of the engine's CUDA work.  What a
+deployer can see is taken from the vLLM installed in this venv, not from memory
+(docs/standin-fidelity.md has the table of every line and the vLLM file it comes from):
   * it takes the same argv as ``vllm serve`` (run as ``python standin.py serve ...``);
-  * during load it prints vLLM's log lines (tqdm bars with ``\\r``), load time compressed;
-  * nothing listens until the load is done (connection refused, like vLLM);
-  * with an EAGLE-3 speculative config it asks the *real* vLLM installed in this venv
-    whether ``KimiK25ForConditionalGeneration`` supports EAGLE-3 (``supports_eagle3``),
-    at the point real vLLM does (after the target weights load), and dies with vLLM's
-    own RuntimeError if not;
-  * then serves /health, /v1/models, /v1/chat/completions and /metrics with
-    ``vllm:spec_decode_*`` counters that grow with traffic.
+  * every log line's wording, source file and line number is read from the installed vLLM's
+    source (``VllmSource``: AST, no import of vLLM), in vLLM's log format;
+  * the shard progress bar is the real ``tqdm`` with vLLM's own ``_BAR_FORMAT`` (which ends
+    in a newline in 0.16-0.18: every redraw is its own journal line), the CUDA-graph bars
+    tqdm's default format (``\r`` redraws, one newline at the end), both behind vLLM's
+    per-process ``(Worker_TP0 pid=N) `` prefix writer;
+  * the order is vLLM's ``GPUModelRunner.load_model``: target weights, drafter, THEN the
+    EAGLE-3 interface check (the real ``supports_eagle3`` of this venv's vLLM), then
+    "Model loading took ..."; a failed check dies with vLLM's own RuntimeError text;
+  * torch.compile: a cache miss ("Compiling a graph ...") on the first start with an empty
+    cache directory, a hit ("Directly load the compiled graph(s) ...") after;
+  * nothing listens until the load is done (connection refused, like vLLM), then it serves
+    /health, /v1/models, /v1/chat/completions and /metrics with ``vllm:spec_decode_*``.
 Rehearsal knobs (JSON, /etc/deployer-sandbox/standin.json): load_seconds, crash_phase,
-stall_phase, phase_seconds {phase: s}, acceptance_rate, crash_after_ready_seconds, and
+stall_phase, phase_seconds {phase: s}, acceptance_rate, crash_after_ready_seconds,
+unhealthy_after_ready_seconds (/health answers 503, the process lives on, as when the
+engine core died), hang_after_ready_seconds (accepts connections, never answers), and
 only_if_arg (a string: crash/stall only when some argv word equals it, so a new release can
 fail while the previous one still starts).
-Standard library only (it runs with the host venv's python).
+Standard library, plus the venv's own tqdm (a vLLM dependency).
 """
 import argparse
+import ast
+import hashlib
+import importlib.util
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -44,24 +55,185 @@ def knobs():
     return k
 
 
-def log(msg, who="EngineCore_DP0", level="INFO", where="core.py:100"):
-    ts = time.strftime("%m-%d %H:%M:%S")
-    sys.stdout.write("(%s pid=%d) %s %s [%s] %s\n" % (who, PID, level, ts, where, msg))
-    sys.stdout.flush()
+# ------------------------------------------------------------------ vLLM's own words, from its source
+# key -> (file under vllm/, anchors): the first string constant in that file containing an anchor is the
+# message; the line of the logger call that holds it is the [file:line] of the log header.
+MESSAGES = {
+    "start": ("v1/worker/gpu_model_runner.py", ("Starting to load model",)),
+    "weights_took": ("model_executor/model_loader/default_loader.py", ("Loading weights took",)),
+    "drafter": ("v1/worker/gpu_model_runner.py", ("Loading drafter model",)),
+    "eagle3": ("v1/worker/gpu_model_runner.py", ("Model does not support EAGLE3 interface",)),
+    "model_took": ("v1/worker/gpu_model_runner.py", ("Model loading took",)),
+    "cache_dir": ("compilation/backends.py", ("Using cache directory",)),
+    "dynamo": ("compilation/backends.py", ("Dynamo bytecode transform time",)),
+    "compile_miss": ("compilation/backends.py", ("Compiling a graph for compile range",)),
+    "compile_hit": ("compilation/backends.py", ("Directly load the compiled graph",)),
+    "compile_total": ("compilation/monitor.py", ("s in total",)),
+    "kv_mem": ("v1/worker/gpu_worker.py", ("Available KV cache memory",)),
+    "kv_size": ("v1/core/kv_cache_utils.py", ("GPU KV cache size: ",)),
+    "max_conc": ("v1/core/kv_cache_utils.py", ("Maximum concurrency for",)),
+    "graphs_desc": ("v1/worker/gpu_model_runner.py", ("Capturing CUDA graphs (",)),
+    "graphs_done": ("v1/worker/gpu_model_runner.py", ("Graph capturing finished in",)),
+    "engine": ("v1/engine/core.py", ("init engine (profile",)),
+    "engine_failed": ("v1/engine/core.py", ("EngineCore failed to start",)),
+    "init_failed": ("v1/engine/utils.py", ("Engine core initialization failed",)),
+    "api": ("entrypoints/openai/api_server.py", ("Starting vLLM API server", "Starting vLLM server on")),
+    "bar_format": ("model_executor/model_loader/weight_utils.py", ("% Completed |",)),
+    "shards_desc": ("model_executor/model_loader/weight_utils.py", ("Loading safetensors checkpoint shards",)),
+}
+# Only when no vLLM is importable (the stand-in run by hand): vLLM 0.16.0's text.
+FALLBACK = {
+    "start": "Starting to load model %s...", "weights_took": "Loading weights took %.2f seconds",
+    "drafter": "Loading drafter model...",
+    "eagle3": "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested",
+    "model_took": "Model loading took %s GiB memory and %.6f seconds",
+    "cache_dir": "Using cache directory: %s for vLLM's torch.compile",
+    "dynamo": "Dynamo bytecode transform time: %.2f s",
+    "compile_miss": "Compiling a graph for compile range %s takes %.2f s",
+    "compile_hit": "Directly load the compiled graph(s) for compile range %s from the cache, took %.3f s",
+    "compile_total": "torch.compile takes %.2f s in total", "kv_mem": "Available KV cache memory: %s GiB",
+    "kv_size": "GPU KV cache size: %s tokens", "max_conc": "Maximum concurrency for %s tokens per request: %.2fx",
+    "graphs_desc": "Capturing CUDA graphs ({}, {})", "graphs_done": "Graph capturing finished in %.0f secs, took %.2f GiB",
+    "engine": "init engine (profile, create kv cache, warmup model) took %.2f seconds",
+    "engine_failed": "EngineCore failed to start.",
+    "init_failed": "Engine core initialization failed. See root cause above. Failed core proc(s): ",
+    "api": "Starting vLLM API server %d on %s",
+    "bar_format": "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]\n",
+    "shards_desc": "Loading safetensors checkpoint shards",
+}
+_PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdifrx]")
 
 
-def bar(desc, total, seconds, stream=sys.stderr, stop_at=None):
-    """A tqdm-style bar: redraws separated by \\r, final newline (vLLM's bar_format)."""
-    start = time.time()
-    for n in range(total + 1 if stop_at is None else stop_at + 1):
-        el = time.time() - start
-        stream.write("\r(Worker_TP0 pid=%d) %s: %3.0f%% Completed | %d/%d [%02d:%02d<00:00, %.2fit/s]"
-                     % (PID, desc, 100.0 * n / total, n, total, el // 60, el % 60, (n / el) if el else 0.0))
-        stream.flush()
-        if n < total:
-            time.sleep(seconds / total)
-    stream.write("\n")
-    stream.flush()
+class VllmSource(object):
+    """Message text and [file:line] read from the installed vLLM's source with ``ast`` (no import of vLLM)."""
+
+    def __init__(self):
+        spec = importlib.util.find_spec("vllm")
+        self.root = os.path.dirname(spec.origin) if spec and spec.origin else None
+        self.cache = {}
+
+    def find(self, key):
+        """(text, 'file.py', line) for a MESSAGES key; vLLM 0.16.0's text when no vLLM is installed."""
+        if key in self.cache:
+            return self.cache[key]
+        rel, anchors = MESSAGES[key]
+        found = None
+        if self.root:
+            path = os.path.join(self.root, rel)
+            try:
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+            except (OSError, SyntaxError):
+                tree = None
+            parents = {}
+            for node in ast.walk(tree) if tree else ():
+                for child in ast.iter_child_nodes(node):
+                    parents[child] = node
+            for node in ast.walk(tree) if tree else ():
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                        and any(a in node.value for a in anchors):
+                    up = parents.get(node)
+                    while up is not None and not isinstance(up, ast.Call) and not isinstance(up, ast.stmt):
+                        up = parents.get(up)
+                    line = up.lineno if isinstance(up, ast.Call) else node.lineno
+                    if found is None or line < found[2]:
+                        found = (node.value, os.path.basename(rel), line)
+        if found is None:
+            found = (FALLBACK[key], os.path.basename(rel), 0)
+        self.cache[key] = found
+        return found
+
+    def text(self, key, *args):
+        fmt = self.find(key)[0]
+        n = len(_PLACEHOLDER.findall(fmt))
+        if key == "api" and n == 1:      # 0.18+: "Starting vLLM server on %s" (no server index)
+            args = args[1:]
+        return fmt % args[:n] if n else fmt
+
+
+SRC = VllmSource()
+
+
+class Prefixed(object):
+    """vLLM's per-process output decoration (``_add_prefix``, vllm/utils/system_utils.py): the
+    ``(Worker_TP0 pid=N) `` prefix (no colour when not a terminal) written at every line start."""
+
+    def __init__(self, raw, name):
+        self.raw, self.prefix, self.start_new_line = raw, "(%s pid=%d) " % (name, PID), True
+
+    def write(self, s):
+        if not s:
+            return
+        if self.start_new_line:
+            self.raw.write(self.prefix)
+        idx = 0
+        while True:
+            nxt = s.find("\n", idx)
+            if nxt == -1:
+                break
+            nxt += 1
+            self.raw.write(s[idx:nxt])
+            if nxt == len(s):
+                self.start_new_line = True
+                return
+            self.raw.write(self.prefix)
+            idx = nxt
+        self.raw.write(s[idx:])
+        self.start_new_line = False
+
+    def flush(self):
+        self.raw.flush()
+
+    def isatty(self):
+        return False
+
+
+OUT = {}
+
+
+def stream(who, err=False):
+    key = (who, err)
+    if key not in OUT:
+        OUT[key] = Prefixed(sys.stderr if err else sys.stdout, who)
+    return OUT[key]
+
+
+def log(key, *args, **kw):
+    """One line in vLLM's format: ``LEVEL MM-DD HH:MM:SS [file.py:line] message`` behind the process prefix."""
+    who, level = kw.get("who", "Worker_TP0"), kw.get("level", "INFO")
+    text = kw["raw"] if "raw" in kw else SRC.text(key, *args)
+    _fmt, fname, line = SRC.find(key) if key else ("", kw.get("where", "standin.py"), 0)
+    out = stream(who)
+    out.write("%s %s [%s:%d] %s\n" % (level, time.strftime("%m-%d %H:%M:%S"), fname, line, text))
+    out.flush()
+
+
+def bar(desc, total, seconds, bar_format=None, stop_at=None):
+    """The real tqdm of this venv, as vLLM calls it (shards: its _BAR_FORMAT; CUDA graphs: tqdm's default)."""
+    out = stream("Worker_TP0", err=True)
+    steps = total if stop_at is None else stop_at
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is None:  # no venv: a plain rendering of the same format
+        fmt = bar_format or "{desc}: {n}/{total}\n"
+        for n in range(steps + 1):
+            out.write("\r" + fmt.replace("{percentage:3.0f}", "%3.0f" % (100.0 * n / total)).format(
+                desc=desc, n_fmt=n, total_fmt=total, n=n, total=total, elapsed="00:00", remaining="00:00",
+                rate_fmt="0.00it/s"))
+            out.flush()
+            time.sleep(seconds / max(1, total))
+        return
+    kw = {"bar_format": bar_format} if bar_format else {}
+    t = tqdm(total=total, desc=desc, file=out, mininterval=0, **kw)
+    for _ in range(steps):
+        time.sleep(seconds / max(1, total))
+        t.update(1)
+    if stop_at is None:
+        t.close()
+    else:
+        out.flush()
 
 
 def mark(name):
@@ -74,13 +246,17 @@ def mark(name):
 
 
 def die(exc_type, message, where="vllm/v1/worker/gpu_model_runner.py", func="load_model"):
-    log("EngineCore failed to start.", level="ERROR", where="core.py:866")
-    sys.stdout.write("(EngineCore_DP0 pid=%d) Traceback (most recent call last):\n" % PID)
-    sys.stdout.write('(EngineCore_DP0 pid=%d)   File "%s", line 1, in %s\n' % (PID, where, func))
-    sys.stdout.write("(EngineCore_DP0 pid=%d) %s: %s\n" % (PID, exc_type, message))
-    sys.stdout.write("RuntimeError: Engine core initialization failed. See root cause above. "
-                     "Failed core proc(s): {}\n")
-    sys.stdout.flush()
+    """How a failed engine start reads: EngineCore's exception log, the traceback ending in the root
+    cause, then the API server's own RuntimeError."""
+    log("engine_failed", who="EngineCore_DP0", level="ERROR")
+    core = stream("EngineCore_DP0")
+    core.write("Traceback (most recent call last):\n")
+    core.write('  File "%s", line 1, in %s\n' % (where, func))
+    core.write("%s: %s\n" % (exc_type, message))
+    core.flush()
+    api = stream("APIServer")
+    api.write("RuntimeError: %s{}\n" % SRC.text("init_failed"))
+    api.flush()
     mark("died_at")
     sys.exit(1)
 
@@ -98,7 +274,7 @@ CRASHES = {
 
 
 def check_eagle3(drafter_dir):
-    """What vLLM's GPUModelRunner.load_model does for method=eagle3 (0.14-0.21 text)."""
+    """What vLLM's GPUModelRunner.load_model does for method=eagle3, after the drafter has loaded."""
     use_aux = True
     try:
         with open(os.path.join(drafter_dir, "config.json")) as f:
@@ -111,11 +287,11 @@ def check_eagle3(drafter_dir):
     from vllm.model_executor.models.interfaces import supports_eagle3  # the real vLLM in this venv
     from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
     ok = supports_eagle3(KimiK25ForConditionalGeneration)
-    log("supports_eagle3(KimiK25ForConditionalGeneration) = %s (vLLM %s, %s)"
-        % (ok, __import__("vllm").__version__, KimiK25ForConditionalGeneration.__module__),
-        who="Worker_TP0", where="gpu_model_runner.py:3500")
+    # SANDBOX marker line (real vLLM says nothing when the check passes): what was asked, and of which vLLM
+    log(None, raw="supports_eagle3(KimiK25ForConditionalGeneration) = %s (vLLM %s, %s)"
+        % (ok, __import__("vllm").__version__, KimiK25ForConditionalGeneration.__module__), where="standin.py")
     if not ok:
-        die("RuntimeError", "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested")
+        die("RuntimeError", SRC.text("eagle3"))
 
 
 class Metrics(object):
@@ -166,14 +342,18 @@ class Metrics(object):
         return "\n".join(out) + "\n"
 
 
+ENGINE = {"dead": False, "hung": False}   # set by the *_after_ready_seconds knobs
+
+
 def make_handler(args, metrics, api_key, started):
     class H(BaseHTTPRequestHandler):
         server_version = "uvicorn"
         sys_version = ""
 
         def log_message(self, fmt, *a):
-            sys.stdout.write('(APIServer pid=%d) INFO:     %s - "%s"\n' % (PID, self.client_address[0], fmt % a))
-            sys.stdout.flush()
+            out = stream("APIServer")
+            out.write('INFO:     %s - "%s"\n' % (self.client_address[0], fmt % a))
+            out.flush()
 
         def _send(self, code, body=b"", ctype="application/json"):
             self.send_response(code)
@@ -190,7 +370,24 @@ def make_handler(args, metrics, api_key, started):
             self._send(401, json.dumps({"error": "Unauthorized"}).encode())
             return False
 
+        def _engine_gate(self):
+            """A hung server accepts the connection and never answers; a dead engine core makes vLLM's
+            /health answer 503 and requests fail with EngineDeadError while the API process lives on."""
+            while ENGINE["hung"]:
+                time.sleep(3600)
+            if ENGINE["dead"]:
+                if self.path == "/health":
+                    self._send(503)
+                else:
+                    self._send(500, json.dumps({"error": {"message": "EngineCore encountered an issue. "
+                                                          "See stack trace (above) for the root cause.",
+                                                          "type": "EngineDeadError", "code": 500}}).encode())
+                return False
+            return True
+
         def do_GET(self):
+            if not self._engine_gate():
+                return
             if self.path == "/health":
                 return self._send(200)
             if self.path == "/metrics":
@@ -205,6 +402,8 @@ def make_handler(args, metrics, api_key, started):
             self._send(404, json.dumps({"detail": "Not Found"}).encode())
 
         def do_POST(self):
+            if not self._engine_gate():
+                return
             if self.path != "/v1/chat/completions":
                 return self._send(404, json.dumps({"detail": "Not Found"}).encode())
             if not self._authorized():
@@ -255,12 +454,14 @@ def main(argv):
     os.makedirs(STATE_DIR, exist_ok=True)
     with open(os.path.join(STATE_DIR, "argv.json"), "w") as f:
         json.dump({"argv": argv, "pid": PID, "started": time.time()}, f)
-    log("vLLM API server version (sandbox stand-in)", who="APIServer", where="utils.py:253")
-    log("non-default args: %s" % json.dumps({"model_tag": args.model_tag, "unknown": unknown,
-                                              "speculative_config": args.speculative_config}),
-        who="APIServer", where="utils.py:254")
+    log(None, raw="vLLM API server version (sandbox stand-in)", who="APIServer", where="standin.py")
+    log(None, raw="non-default args: %s" % json.dumps({"model_tag": args.model_tag, "unknown": unknown,
+                                                      "speculative_config": args.speculative_config}),
+        who="APIServer", where="standin.py")
     ps = dict((ph, float(k["load_seconds"]) / len(PHASES)) for ph in PHASES)
     ps.update(k.get("phase_seconds") or {})
+    bar_format = SRC.find("bar_format")[0]
+    shards_desc = SRC.find("shards_desc")[0]
 
     def stall(name):
         if k.get("stall_phase") == name:
@@ -272,7 +473,7 @@ def main(argv):
             stall(name)
         if k.get("crash_phase") == name:
             if name == "weights":  # real vLLM dies part-way through the shard bar
-                bar("Loading safetensors checkpoint shards", shards, min(ps[name], 1.0) / 4, stop_at=shards // 4)
+                bar(shards_desc, shards, min(ps[name], 1.0), bar_format, stop_at=shards // 4)
             time.sleep(min(ps[name], 1.0))
             exc, msg = CRASHES[name]
             die(exc, msg)
@@ -290,61 +491,77 @@ def main(argv):
     spec = args.speculative_config or {}
     k_tokens = int(spec.get("num_speculative_tokens", 3)) if spec else 0
 
-    log("Starting to load model %s..." % args.model_tag, who="Worker_TP0", where="gpu_model_runner.py:3300")
+    # GPUModelRunner.load_model: target weights, drafter, THEN the EAGLE-3 interface check
+    log("start", args.model_tag)
     phase("weights")
     t0 = time.time()
-    bar("Loading safetensors checkpoint shards", shards, ps["weights"])
-    log("Loading weights took %.2f seconds" % (time.time() - t0), who="Worker_TP0", where="default_loader.py:320")
-    if spec.get("method") == "eagle3":
-        check_eagle3(spec.get("model", ""))
+    bar(shards_desc, shards, ps["weights"], bar_format)
+    log("weights_took", time.time() - t0, who="Worker_TP0")
     if spec:
-        log("Loading drafter model...", who="Worker_TP0", where="eagle.py:1200")
+        log("drafter")
         phase("drafter")
         t1 = time.time()
-        time.sleep(ps["drafter"])
-        log("Loading weights took %.2f seconds" % (time.time() - t1), who="Worker_TP0", where="default_loader.py:320")
-    log("Model loading took 74.31 GiB memory and %.6f seconds" % (time.time() - t0), who="Worker_TP0",
-        where="gpu_model_runner.py:3400")
+        bar(shards_desc, 1, ps["drafter"], bar_format)   # the drafter's single safetensors file
+        log("weights_took", time.time() - t1)
+    if spec.get("method") == "eagle3":
+        check_eagle3(spec.get("model", ""))
+    log("model_took", "74.31", time.time() - t0)
     phase("compile")
-    log("Using cache directory: /root/.cache/vllm/torch_compile_cache/0f1e2d3c/rank_0_0/backbone for vLLM's "
-        "torch.compile", where="backends.py:610")
+    # torch.compile's cache: a miss on the first start of a config, a hit after (vllm/compilation/backends.py)
+    cache_root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "vllm")
+    key = hashlib.sha256(json.dumps(sorted(a for a in argv if a != str(args.port))).encode()).hexdigest()[:10]
+    cache_dir = os.path.join(cache_root, "torch_compile_cache", key, "rank_0_0", "backbone")
+    hit = os.path.exists(os.path.join(cache_dir, "standin-compiled"))
+    log("cache_dir", cache_dir)
     stall("compile")
     time.sleep(ps["compile"] / 2)
-    log("Dynamo bytecode transform time: %.2f s" % (ps["compile"] / 2), where="monitor.py:34")
-    time.sleep(ps["compile"] / 2)
-    log("torch.compile took %.2f s in total" % ps["compile"], where="monitor.py:45")
+    log("dynamo", ps["compile"] / 2)
+    if hit:
+        log("compile_hit", "(1, 8192)", ps["compile"] / 4)
+    else:
+        time.sleep(ps["compile"] / 2)
+        log("compile_miss", "(1, 8192)", ps["compile"] / 2)
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            open(os.path.join(cache_dir, "standin-compiled"), "w").close()
+        except OSError:
+            pass
+    log("compile_total", ps["compile"])
     phase("kv_cache")
     time.sleep(ps["kv_cache"])
-    log("Available KV cache memory: 11.42 GiB", who="Worker_TP0", where="gpu_worker.py:300")
+    log("kv_mem", "11.42")
     stall("kv_cache")
-    log("GPU KV cache size: 418,016 tokens", where="kv_cache_utils.py:1100")
-    log("Maximum concurrency for 131,072 tokens per request: 3.19x", where="kv_cache_utils.py:1104")
+    log("kv_size", "418,016", who="EngineCore_DP0")
+    log("max_conc", "131,072", 3.19, who="EngineCore_DP0")
     phase("graphs")
+    graphs = SRC.find("graphs_desc")[0]
     if k.get("stall_phase") == "graphs":
-        bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 33, 0.2, stop_at=5)
-        sys.stderr.write("\n")  # so the partial bar reaches the journal before the hang
+        bar(graphs.format("mixed prefill-decode", "PIECEWISE"), 33, 0.2, stop_at=5)
         stall("graphs")
-    bar("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)", 33, ps["graphs"] / 2)
-    bar("Capturing CUDA graphs (decode, FULL)", 19, ps["graphs"] / 2)
-    log("Graph capturing finished in %d secs, took 2.39 GiB" % max(1, int(ps["graphs"])), who="Worker_TP0",
-        where="gpu_model_runner.py:4100")
-    log("init engine (profile, create kv cache, warmup model) took %.2f s (compilation: %.2f s)"
-        % (time.time() - t0, ps["compile"]), where="core.py:250")
+    bar(graphs.format("mixed prefill-decode", "PIECEWISE"), 33, ps["graphs"] / 2)
+    bar(graphs.format("decode", "FULL"), 19, ps["graphs"] / 2)
+    log("graphs_done", max(1, int(ps["graphs"])), 2.39)
+    log("engine", time.time() - t0, who="EngineCore_DP0")
     phase("api")
     time.sleep(ps["api"])
     host = args.host or "0.0.0.0"
-    log("Starting vLLM API server 0 on http://%s:%d" % (host, args.port), who="APIServer", where="api_server.py:1900")
+    log("api", 0, "http://%s:%d" % (host, args.port), who="APIServer")
     metrics = Metrics(args.served_model_name or args.model_tag, max(1, k_tokens),
                       float(k.get("acceptance_rate", 0.6)), bool(spec))
     started = time.time()
     srv = ThreadingHTTPServer((host, args.port),
                               make_handler(args, metrics, os.environ.get("VLLM_API_KEY", ""), started))
-    log("Available routes are:", who="APIServer", where="launcher.py:46")
-    sys.stdout.write("(APIServer pid=%d) INFO:     Application startup complete.\n" % PID)
-    sys.stdout.flush()
+    log(None, raw="Available routes are:", who="APIServer", where="launcher.py")
+    api = stream("APIServer")
+    api.write("INFO:     Application startup complete.\n")   # uvicorn's own line
+    api.flush()
     mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
         threading.Timer(float(k["crash_after_ready_seconds"]), lambda: os._exit(1)).start()
+    if k.get("unhealthy_after_ready_seconds") is not None:
+        threading.Timer(float(k["unhealthy_after_ready_seconds"]), lambda: ENGINE.update(dead=True)).start()
+    if k.get("hang_after_ready_seconds") is not None:
+        threading.Timer(float(k["hang_after_ready_seconds"]), lambda: ENGINE.update(hung=True)).start()
     srv.serve_forever()
 
 

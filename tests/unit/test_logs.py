@@ -1,4 +1,4 @@
-"""The load-phase parser on vLLM's real line formats (shared/reference/kimi-eagle3-serving.md §5)."""
+"""The load-phase parser on vLLM's real line formats (docs/standin-fidelity.md lists each line's vLLM source)."""
 from deployer.ansible_plugins.module_utils.vllm_logs import (LoadState, eta_seconds, spec_decode_delta,
                                                              spec_decode_stats, split_lines, strip_prefix)
 
@@ -73,7 +73,18 @@ def test_fatal_lines():
     st = feed_all(REAL[:3] + ["(EngineCore_DP0 pid=1) ERROR 05-14 03:16:09 [core.py:866] EngineCore failed to start.",
                               "(EngineCore_DP0 pid=1) Traceback (most recent call last):",
                               "(EngineCore_DP0 pid=1) RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"])
-    assert st.fatal[0] == "engine_dead" or st.fatal[0] == "eagle3_interface"
+    assert st.fatal == ("eagle3_interface", "RuntimeError: Model does not support EAGLE3 interface but "
+                                            "aux_hidden_state_outputs was requested")   # the root cause wins
+    # whatever the order: a specific cause logged before the generic line still wins
+    st1 = feed_all(["ERROR 05-14 03:16:09 [gpu_model_runner.py:1] Failed to load model - not enough GPU memory. "
+                    "(original error: CUDA out of memory. Tried to allocate 1.75 GiB.)",
+                    "(EngineCore_DP0 pid=1) ERROR 05-14 03:16:09 [core.py:866] EngineCore failed to start."])
+    assert st1.fatal[0] == "cuda_oom"
+    # the generic line alone: its exception line replaces it
+    st4 = feed_all(["(EngineCore_DP0 pid=1) ERROR 05-14 03:16:09 [core.py:866] EngineCore failed to start.",
+                    "(EngineCore_DP0 pid=1) Traceback (most recent call last):",
+                    "(EngineCore_DP0 pid=1) ValueError: To serve at least one request with the models's max seq len"])
+    assert st4.fatal == ("traceback", "ValueError: To serve at least one request with the models's max seq len")
     st2 = feed_all(["Traceback (most recent call last):", '  File "x.py", line 1, in f',
                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB."])
     assert st2.fatal[0] == "cuda_oom"

@@ -2,8 +2,9 @@
 """vLLM start-up log parser: which load phase the server is in, how far, and whether it died.
 
 Pure and standard-library only: used on the host by the ``vllm_watch`` module and on
-the controller by the CLI and tests.  Formats: shared/reference/kimi-eagle3-serving.md §5.
-tqdm bars are written with ``\\r``; feed raw chunks to ``split_lines`` first.
+the controller by the CLI and tests.  Each rule's source line in vLLM is listed in
+docs/standin-fidelity.md.  tqdm redraws start with ``\\r`` (vLLM's shard bar also ends
+each redraw with a newline; the CUDA-graph bars do not): ``feed`` splits on both.
 Unknown lines never raise; they are ignored.
 """
 from __future__ import annotations
@@ -26,6 +27,8 @@ RX = {
     "model_took": re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"),
     "compile": re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total|Dynamo bytecode transform time|"
                           r"Using cache directory: .*torch_compile_cache"),
+    "compile_hit": re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache, took"),
+    "compile_miss": re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s"),
     "kv": re.compile(r"GPU KV cache size: ([\d,]+) tokens|Available KV cache memory: ([\d.]+) GiB"),
     "graphs": re.compile(r"Capturing CUDA graphs \(([^)]*)\):\s+(\d+)%.*?(\d+)/(\d+)"),
     "graphs_done": re.compile(r"Graph capturing finished in (\d+) secs"),
@@ -34,7 +37,10 @@ RX = {
     "ready": re.compile(r"Application startup complete"),
     "spec": re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?Avg Draft acceptance rate: ([\d.]+)%"),
 }
-# Lines that mean the server is going down.  Checked before the phase rules.
+# Lines that mean the server is going down.  Checked before the phase rules.  The specific kinds
+# name a root cause and win over the generic ones (GENERIC_FATAL) whatever the order they come in:
+# vLLM logs "EngineCore failed to start." BEFORE the traceback that ends in the root cause.
+GENERIC_FATAL = ("engine_dead", "traceback")
 FATAL = (
     ("eagle3_interface", re.compile(r"Model does not support EAGLE3 interface")),
     ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
@@ -72,10 +78,9 @@ class LoadState(object):
         self.progress = None        # (n, total) within the phase, when known
         self.last_progress_t = None
         self.fatal = None           # (kind, line)
-        self.fatal_lines = []
+        self.fatal_t = None         # when the first fatal line came
         self.warnings = []
         self.facts = {}             # numbers read on the way: weights_seconds, kv_tokens, ...
-        self.lines_seen = 0
 
     def _enter(self, phase, t):
         if PHASES.index(phase) < PHASES.index(self.phase):
@@ -91,7 +96,6 @@ class LoadState(object):
             self._feed_one(line, t)
 
     def _feed_one(self, raw, t):
-        self.lines_seen += 1
         if self.phase_started.get("starting") is None:
             self.phase_started["starting"] = t
         if self.last_progress_t is None:
@@ -102,13 +106,18 @@ class LoadState(object):
             # is the process's and /health's business from here on, not the log's.
             self._spec_line(line)
             return
-        if self.fatal and self.fatal[0] == "traceback" and _EXC_LINE.match(line):
-            self.fatal = ("traceback", line)  # the exception line says more than "Traceback (...)"
+        if self.fatal and self.fatal[0] in GENERIC_FATAL and _EXC_LINE.match(line) \
+                and not any(rx.search(line) for _k, rx in FATAL):
+            # the exception line says more than "Traceback (...)" or "EngineCore failed to start."
+            self.fatal = ("traceback", line)
+            return
         for kind, rx in FATAL:
             if rx.search(line):
-                if self.fatal is None or (self.fatal[0] == "traceback" and kind != "traceback"):
+                if self.fatal is None:
                     self.fatal = (kind, line)
-                self.fatal_lines.append(line)
+                    self.fatal_t = t
+                elif self.fatal[0] in GENERIC_FATAL and kind not in GENERIC_FATAL:
+                    self.fatal = (kind, line)
                 return
         for rx in WARN:
             if rx.search(line) and line not in self.warnings:
@@ -140,6 +149,15 @@ class LoadState(object):
             self.facts["model_gib"] = float(m.group(1))
             self.facts["model_load_seconds"] = float(m.group(2))
             self.last_progress_t = t
+            return
+        if RX["compile_hit"].search(line):
+            self._enter("compile", t)
+            self.facts["compile_cache"] = "hit"
+            return
+        m = RX["compile_miss"].search(line)
+        if m:
+            self._enter("compile", t)
+            self.facts["compile_cache"] = "miss"
             return
         m = RX["compile"].search(line)
         if m:
@@ -207,7 +225,9 @@ class LoadState(object):
             "percent": self.percent(),
             "seconds_since_progress": (round(now - self.last_progress_t, 3)
                                        if now is not None and self.last_progress_t is not None else None),
-            "fatal": {"kind": self.fatal[0], "line": self.fatal[1]} if self.fatal else None,
+            "fatal": {"kind": self.fatal[0], "line": self.fatal[1], "generic": self.fatal[0] in GENERIC_FATAL,
+                      "seconds_ago": (round(now - self.fatal_t, 3) if now is not None and self.fatal_t is not None
+                                      else None)} if self.fatal else None,
             "warnings": list(self.warnings),
             "facts": dict(self.facts),
             "phase_seconds": self.phase_durations(now),
