@@ -122,8 +122,20 @@ def test_05_patching_disabled_fails_at_verification_before_any_restart():
     assert "Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested" in err
     assert "Eagle3 is only supported for" in err          # vLLM's own config validation (P4 missing)
     assert main_pid() == pid and sh(f"sha256sum /etc/systemd/system/{SVC}.service") == unit
-    r = up()  # patches back; the live release is unchanged
-    assert r.returncode == 0, r.stdout + r.stderr
+    # the refused deploy used its own venv: the live release's venv is still patched, and the live
+    # server survives its own restart (a crash or a reboot would do the same)
+    assert sh("test -d /opt/deployer/venvs/vllm-0.16.0-unpatched && echo separate") == "separate"
+    assert sh("test -d /opt/deployer/venvs/vllm-0.16.0/lib/python3.11/site-packages/vllm/.deployer_patch "
+              "&& echo patched || echo pristine") == "patched"
+    sh(f"systemctl restart {SVC}")
+    for _ in range(120):
+        if sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health || true") == "200":
+            break
+        __import__("time").sleep(1)
+    assert sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health || true") == "200", \
+        sh(f"journalctl -u {SVC} --no-pager -n 30")
+    r = up()  # nothing to repair: the live release is unchanged
+    assert r.returncode == 0 and "unchanged, nothing restarted" in r.stdout, r.stdout + r.stderr
 
 
 def test_06_check_mode_changes_nothing_and_hides_secrets():

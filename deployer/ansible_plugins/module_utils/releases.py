@@ -32,13 +32,17 @@ def order_key(release):
 def plan_prune(releases, keep, protected_ids):
     """Pure: which release ids to delete.  ``releases``: list of manifest dicts.
 
-    Keeps the ``keep`` newest releases, and always the protected ones (live, previous), which count
-    toward ``keep``.  Releases never deployed (verification failed) are pruned first.
+    Keeps ``keep`` releases (at least 2): always the protected ones (live, previous), then
+    releases that were deployed at some time (``deployed_at`` set), newest first, and only then
+    releases that never served (verification or load failed), newest first.  So the never-deployed
+    ones are pruned first.
     """
     keep = max(int(keep), 2)
-    live = sorted(releases, key=order_key, reverse=True)
-    kept = [r["id"] for r in live if r["id"] in protected_ids]
-    for r in live:
+    by_age = sorted(releases, key=order_key, reverse=True)
+    kept = [r["id"] for r in by_age if r["id"] in protected_ids]
+    deployed = [r for r in by_age if r.get("deployed_at")]
+    never = [r for r in by_age if not r.get("deployed_at")]
+    for r in deployed + never:
         if len(kept) >= keep:
             break
         if r["id"] not in kept:

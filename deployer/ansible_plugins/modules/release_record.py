@@ -65,12 +65,13 @@ def main():
     after["result"] = m.params["result"]
     now = time.time()
     after.setdefault("created_at", now)
-    if m.params["result"] == "live":
+    # changed only when the result or a fact differs (recording the same outcome twice is a no-op)
+    changed = any(before.get(k) != v for k, v in after.items() if k != "history") or "created_at" not in before
+    if m.params["result"] == "live" and changed:
         after["deployed_at"] = now
-    after.setdefault("history", [])
-    after["history"] = (after["history"] + [{"result": m.params["result"], "at": now}])[-20:]
-    changed = True
-    if not m.check_mode:
+    if changed:
+        after["history"] = (list(before.get("history") or []) + [{"result": m.params["result"], "at": now}])[-20:]
+    if changed and not m.check_mode:
         write_json_atomic(os.path.join(d, "release.json"), after)
     out = dict(changed=changed, release=after)
     if m._diff:

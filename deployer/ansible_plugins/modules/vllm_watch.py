@@ -104,6 +104,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_logs import LoadState, eta_seconds, overdue_seconds
 
 TAIL = 40
+GENERIC_FATAL_GRACE_SECONDS = 3.0
 
 
 def unit_props(module, service):
@@ -183,9 +184,13 @@ def look(module, p):
     if active not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
         res.update(state="crashed", tail=tail,
                    reason="the server process exited (unit %s/%s, exit status %s) during phase '%s'"
-                   % (active, props.get("SubState"), props.get("ExecMainStatus"), snap["phase_title"]))
+                   % (active, props.get("SubState"), props.get("ExecMainStatus"), snap["phase_title"])
+                   + ("; cause: %s" % snap["fatal"]["line"] if snap["fatal"] else ""))
         return res
-    if snap["fatal"]:
+    fatal = snap["fatal"]
+    if fatal and fatal.get("generic") and (fatal.get("seconds_ago") or 0) < GENERIC_FATAL_GRACE_SECONDS:
+        fatal = None  # "EngineCore failed to start." comes first; give the root-cause line a moment to follow
+    if fatal:
         res.update(state="fatal", tail=tail,
                    reason="fatal %s in phase '%s': %s" % (snap["fatal"]["kind"], snap["phase_title"],
                                                            snap["fatal"]["line"]))

@@ -1,0 +1,86 @@
+"""The stand-in speaks each installed vLLM's own words, and the load parser understands every one of them.
+
+Runs the stand-in with the real venvs' python (their real tqdm, their vLLM source) for vLLM 0.16.0 and
+0.18.0; docs/standin-fidelity.md is the table these tests keep honest.
+"""
+import json
+import os
+import subprocess
+
+import pytest
+
+from helpers import CACHE, ROOT
+from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+from deployer.sandbox import standin
+from deployer.sandbox.hosts import write_model_dir
+
+pytestmark = pytest.mark.vllm
+VERSIONS = ("0.16.0", "0.18.0")
+
+
+def venv(version):
+    d = CACHE / "venvs" / f"vllm-{version}"
+    if not (d / ".deployer-installed").exists():
+        pytest.skip(f"prepared vLLM {version} venv missing (scripts/dev.sh prepares it)")
+    return d
+
+
+def source(version):
+    src = standin.VllmSource()
+    src.root = str(venv(version) / "lib" / "python3.11" / "site-packages" / "vllm")
+    return src
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_line_is_found_in_the_installed_source(version):
+    src = source(version)
+    missing = [k for k in standin.MESSAGES if src.find(k)[2] == 0]
+    assert not missing, f"vLLM {version}: no source line for {missing} (update MESSAGES and the fidelity table)"
+    assert src.find("bar_format")[0].endswith("\n")     # every shard redraw is its own journal line
+    assert src.find("drafter")[2] < src.find("eagle3")[2] < src.find("model_took")[2]   # load_model's order
+
+
+def test_wording_differs_by_version_as_the_source_says():
+    old, new = source("0.16.0"), source("0.18.0")
+    assert old.text("compile_total", 1.0) == "torch.compile takes 1.00 s in total"
+    assert new.text("compile_total", 1.0) == "torch.compile took 1.00 s in total"
+    assert old.text("api", 0, "http://0.0.0.0:8000") == "Starting vLLM API server 0 on http://0.0.0.0:8000"
+    assert new.text("api", 0, "http://0.0.0.0:8000") == "Starting vLLM server on http://0.0.0.0:8000"
+
+
+def run_standin(version, tmp_path, cache_root):
+    model = tmp_path / "model"
+    if not model.exists():
+        write_model_dir(model, shards=8)
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"load_seconds": 1.2, "crash_phase": "api"}))   # die after a full load: exits
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DEPLOYER_STANDIN_KNOBS": str(knobs),
+           "DEPLOYER_STANDIN_STATE": str(tmp_path / "state"), "VLLM_CACHE_ROOT": str(cache_root)}
+    # stdout and stderr into one pipe, as journald interleaves them
+    p = subprocess.run([str(venv(version) / "bin" / "python"), str(ROOT / "deployer/sandbox/standin.py"), "serve",
+                        str(model), "--port", "18999"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       env=env, timeout=120)
+    return p.returncode, p.stdout.decode()   # bytes: text mode would turn tqdm's \r into \n
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_parser_follows_the_standin_of_each_version(version, tmp_path):
+    cache = tmp_path / "vllm-cache"
+    rc, text = run_standin(version, tmp_path, cache)
+    assert rc == 1, text
+    # vLLM's prefix writer puts "(Worker_TP0 pid=N) " before every redraw line of the shard bar
+    redraws = [x for x in text.split("\n") if "Loading safetensors checkpoint shards:" in x and "/8 [" in x]
+    assert len(redraws) >= 8 and all(x.startswith("(Worker_TP0 pid=") and ") \r" in x for x in redraws), text
+    st, seen = LoadState(), []
+    for i, line in enumerate(text.splitlines(keepends=True)):
+        st.feed(line, float(i))
+        if st.phase == "weights" and st.progress:
+            seen.append(st.progress[0])
+    assert len(set(seen)) >= 4, seen          # the shard bar moves, line by line
+    assert st.facts["compile_cache"] == "miss" and "compile_seconds" in st.facts
+    assert set(st.phase_durations(float(i))) >= {"weights", "compile", "kv_cache", "graphs", "api"}
+    assert st.fatal and st.fatal[0] == "nccl", st.fatal   # the root cause, not "EngineCore failed to start."
+    rc, text = run_standin(version, tmp_path, cache)      # same config, warm cache
+    st = LoadState()
+    st.feed(text, 0.0)
+    assert st.facts["compile_cache"] == "hit", text
