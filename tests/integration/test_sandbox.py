@@ -68,14 +68,38 @@ def test_02_hostile_value_reaches_server_intact_and_runs_nothing():
     assert not os.path.exists("/tmp/pwned")
 
 
-@pytest.mark.parametrize("case", ["seven_gpus", "missing_shard", "no_disk"])
+PREFLIGHT_CASES = {
+    "seven_gpus": "GPU count: measured 7, expected 8",
+    "missing_shard": "model shards: measured 63 of 64 present",
+    "no_disk": "GiB, expected >= 100000 GiB",
+    "no_driver": "nvidia-smi: measured rc=9 (NVIDIA-SMI has failed because it couldn't communicate with the "
+                 "NVIDIA driver.",
+    "old_driver": "NVIDIA driver: measured 550.54.15, expected >= 570.0",
+    "wrong_gpu": "GPU 0: measured 'NVIDIA H100 80GB HBM3' with 81559 MiB; expected a name matching "
+                 "'RTX PRO 6000 Blackwell' with >= 97000 MiB",
+    "missing_config": "model: /srv/models/Kimi-K2.5/config.json not found",
+    "bad_drafter": "drafter: /nonexistent/drafter/config.json not found",
+}
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT_CASES))
 def test_03_preflight_failure_changes_nothing(case):
     before = host_state()
     extra = []
     if case == "seven_gpus":
         sbx.set_knobs(H, gpus={"count": 7})
+    elif case == "no_driver":
+        sbx.set_knobs(H, gpus={"driver_loaded": False})
+    elif case == "old_driver":
+        sbx.set_knobs(H, gpus={"driver": "550.54.15"})
+    elif case == "wrong_gpu":
+        sbx.set_knobs(H, gpus={"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559})
     elif case == "missing_shard":
         sh(f"mv {sbx.MODEL_DIR}/model-00017-of-000064.safetensors /root/shard17")
+    elif case == "missing_config":
+        sh(f"mv {sbx.MODEL_DIR}/config.json /root/config.json")
+    elif case == "bad_drafter":
+        extra = ["-e", "drafter_src_dir=/nonexistent/drafter"]
     else:
         extra = ["-e", "preflight_min_free_disk_gib=100000"]
     try:
@@ -83,14 +107,31 @@ def test_03_preflight_failure_changes_nothing(case):
     finally:
         sbx.set_knobs(H, gpus={})
         sh(f"test -f /root/shard17 && mv /root/shard17 {sbx.MODEL_DIR}/model-00017-of-000064.safetensors; true")
+        sh(f"test -f /root/config.json && mv /root/config.json {sbx.MODEL_DIR}/config.json; true")
     assert r.returncode == 3, r.stdout + r.stderr
-    expect = {"seven_gpus": "GPU count: measured 7, expected 8",
-              "missing_shard": "model shards: measured 63 of 64 present",
-              "no_disk": "GiB, expected >= 100000 GiB"}[case]
+    expect = PREFLIGHT_CASES[case]
     assert expect in " ".join(r.stderr.split()), r.stderr
     assert host_state() == before
     last = json.loads(sh("tail -1 /opt/deployer/audit.jsonl"))
     assert last["result"] == "failed" and last["failed_stage"] == "preflight"
+
+
+def test_03b_busy_gpus_are_refused_when_our_server_is_not_running():
+    sh(f"systemctl stop {SVC}")
+    sbx.set_knobs(H, gpus={"used_mib": [0, 0, 0, 41234, 0, 0, 0, 0]})
+    try:
+        before = host_state()
+        r = up()
+        after = host_state()
+    finally:
+        sbx.set_knobs(H, gpus={})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert ("GPU 3: measured 41234 MiB in use with deployer-vllm not running; expected <= 2048 MiB"
+            in flat(r.stderr)), r.stderr
+    assert after == before
+    r = up()   # GPUs free again: the live release is started again, nothing else changes
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sh(f"systemctl is-active {SVC}") == "active"
 
 
 def test_04_crash_during_load_is_reported_within_seconds_and_rolled_back():

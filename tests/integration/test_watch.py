@@ -60,3 +60,21 @@ def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
     assert "deploy failed in stage 'smoke'" in err
     assert "EAGLE-3 acceptance rate: measured 0.2" in err and "expected >= 0.5" in err
     assert sh(H, "readlink /opt/deployer/current") == live
+
+
+def test_live_shard_progress_through_real_journald(sandbox):
+    """vLLM's shard bar (a newline after every redraw) reaches the watch live through journald."""
+    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8}})
+    try:
+        r = up("-e", "render_max_model_len=16384", "--json")
+    finally:
+        sandbox.set_knobs(H, standin={})
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    pcts = sorted({e["percent"] for e in events if e["event"] == "phase" and e["phase"] == "weights"
+                   and e["percent"] is not None})
+    assert len([p for p in pcts if 0 < p < 100]) >= 3, pcts
+    # every redraw is its own journal entry, as vLLM's _BAR_FORMAT makes it
+    n = int(sh(H, "journalctl -u deployer-vllm --no-pager -o cat --all | grep -c 'Loading safetensors checkpoint "
+                  "shards: .* Completed | [0-9]*/64' || true"))
+    assert n >= 64, n

@@ -4,7 +4,6 @@ Runs the stand-in with the real venvs' python (their real tqdm, their vLLM sourc
 0.18.0; docs/standin-fidelity.md is the table these tests keep honest.
 """
 import json
-import os
 import subprocess
 
 import pytest

@@ -21,14 +21,16 @@ from deployer.ansible_plugins.module_utils import vllm_logs  # noqa: E402
 
 
 def parse_gpu_csv(text):
-    """``nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader`` -> list of dicts."""
+    """``nvidia-smi --query-gpu=name,memory.total,driver_version[,memory.used] --format=csv,noheader`` -> dicts."""
     gpus = []
     for line in (text or "").splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 3 or not parts[0]:
             continue
         mem = parts[1].split()[0] if parts[1] else "0"
-        gpus.append({"name": parts[0], "memory_mib": int(mem) if mem.isdigit() else 0, "driver": parts[2]})
+        used = parts[3].split()[0] if len(parts) > 3 and parts[3] else "0"
+        gpus.append({"name": parts[0], "memory_mib": int(mem) if mem.isdigit() else 0, "driver": parts[2],
+                     "used_mib": int(used) if used.isdigit() else 0})
     return gpus
 
 
