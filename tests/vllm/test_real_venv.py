@@ -24,7 +24,7 @@ def clone(tmp_path_factory):
     return d
 
 
-def verify(clone, tmp_path):
+def verify(clone, tmp_path, platform="cpu"):
     write_model_dir(tmp_path / "model", shards=2)
     write_drafter_dir(tmp_path / "drafter")
     argv = build_serve_argv(dict(launcher=[str(clone / "bin/vllm")], model=str(tmp_path / "model"),
@@ -34,10 +34,14 @@ def verify(clone, tmp_path):
                                               "num_speculative_tokens": 3}))
     (tmp_path / "argv.json").write_text(json.dumps(argv))
     r = subprocess.run([str(clone / "bin/python"), str(ROOT / "roles/verify/files/vllm_verify.py"),
-                        "--argv-json", str(tmp_path / "argv.json")], capture_output=True, text=True, timeout=600)
+                        "--argv-json", str(tmp_path / "argv.json"), "--platform", platform],
+                       capture_output=True, text=True, timeout=600)
     line = [x for x in r.stdout.splitlines() if x.startswith("DEPLOYER-VERIFY ")]
     assert line, r.stderr[-3000:]
-    return r.returncode, {c["name"]: c for c in json.loads(line[-1][16:])["checks"]}
+    report = json.loads(line[-1][16:])
+    # the report says which platform validated the launch: no GPU here, so CPU either way
+    assert report["platform"] == ("cpu (forced)" if platform == "cpu" else "cpu (auto: no accelerator found)")
+    return r.returncode, {c["name"]: c for c in report["checks"]}
 
 
 def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path):
@@ -53,7 +57,7 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
 
     root = pe.vllm_root_of(str(clone))
     assert pe.apply(root)["patches"] == ["P1", "P2", "P3", "P4", "P5"]
-    rc, checks = verify(clone, tmp_path / "after")
+    rc, checks = verify(clone, tmp_path / "after", platform="auto")
     assert rc == 0, checks
     assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
                                                    "DeepseekV2ForCausalLM": True}

@@ -7,8 +7,11 @@ Run with the release's venv python on the host, before anything is (re)started:
   2. vLLM's own ``vllm serve`` argument parser accepts the rendered argv;
   3. vLLM's own config validation builds the engine config, speculative config
      included, against the model's and the drafter's config.json (catches a missing P4).
-The CPU platform is forced first, as ``vllm bench`` does: without it the parser cannot be
-built on a machine with no CUDA driver (shared/reference/vllm-eagle3-matrix.md §7).
+Platform (``--platform``): ``cpu`` (default) forces vLLM's CPU platform, as ``vllm bench`` does:
+the checks then run anywhere, GPU host or not, and never touch a GPU (a CUDA context would take
+device memory on GPU 0 while the live server holds it).  ``auto`` lets vLLM resolve its platform
+(NVML only; on a GPU host: CUDA, so CUDA-specific validation runs too) and falls back to the CPU
+platform when none is found.  The report says which platform validated the launch.
 Prints one JSON object; exit 0 only when every check passed.
 """
 import argparse
@@ -23,6 +26,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
     ap.add_argument("--skip-config", action="store_true")
+    ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu")
     a = ap.parse_args()
     with open(a.argv_json) as f:
         argv = json.load(f)
@@ -51,9 +55,18 @@ def main():
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from vllm import platforms
-    from vllm.platforms.cpu import CpuPlatform
-    platforms._current_platform = CpuPlatform()
-    platforms.current_platform = CpuPlatform()
+    resolved = None
+    if a.platform == "auto":
+        p = platforms.current_platform   # vLLM's own resolution (NVML probes; no CUDA context)
+        if not p.is_unspecified():
+            resolved = p
+    if resolved is None:
+        from vllm.platforms.cpu import CpuPlatform
+        platforms._current_platform = CpuPlatform()
+        platforms.current_platform = CpuPlatform()
+        report["platform"] = "cpu (%s)" % ("forced" if a.platform == "cpu" else "auto: no accelerator found")
+    else:
+        report["platform"] = "%s (auto)" % (type(resolved).__name__,)
     import vllm
     report["vllm_version"] = vllm.__version__
 
