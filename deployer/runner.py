@@ -71,43 +71,60 @@ class Result:
 
 WATCHED_FACTS = ("_deployer_release_id", "_deployer_release_is_live", "_deployer_restarted", "_deployer_spec",
                  "_deployer_reply", "_deployer_patch_fingerprint", "_deployer_argv", "_deployer_verify", "_deployer_status")
+HIDDEN = "(output hidden: it may contain a secret)"
+
+
+class Collector:
+    """Folds ansible-runner's event stream into a ``Result``: failures (with no_log output masked),
+    unreachable hosts, the facts the CLI reports, and the final stats.  Pure: fed event dicts."""
+
+    def __init__(self):
+        self.failures: list[Failure] = []
+        self.unreachable: list[str] = []
+        self.facts: dict = {}
+        self.stats: dict = {}
+
+    def __call__(self, ev: dict) -> None:
+        data = ev.get("event_data", {})
+        kind = ev.get("event")
+        host = data.get("host", "?")
+        res = data.get("res", {}) or {}
+        if kind == "runner_on_failed" and not data.get("ignore_errors"):
+            msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
+            if res.get("_ansible_no_log"):
+                msg = HIDDEN
+            self.failures.append(Failure(host, data.get("task", "?"), data.get("role", ""),
+                                         "\n".join(map(str, msg)) if isinstance(msg, list) else str(msg),
+                                         {k: res[k] for k in ("holder", "locked") if k in res}))
+        elif kind == "runner_on_unreachable":
+            self.unreachable.append(host)
+            self.failures.append(Failure(host, data.get("task", "?"), data.get("role", ""),
+                                         str(res.get("msg", "unreachable"))))
+        elif kind == "playbook_on_stats":
+            self.stats.update({k: data.get(k) or {} for k in ("processed", "ok", "changed", "failures", "dark",
+                                                              "skipped")})
+        elif kind == "runner_on_ok":
+            af = res.get("ansible_facts") or {}
+            for k in WATCHED_FACTS:
+                if k in af:
+                    self.facts.setdefault(host, {})[k] = af[k]
+
+    def result(self, rc: int, status: str) -> Result:
+        return Result(rc=rc, status=status, failures=self.failures, unreachable=self.unreachable,
+                      facts=self.facts, stats=self.stats)
 
 
 def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str | None = None,
-        check: bool = False, diff: bool = False, tags: str | None = None, forks: int | None = None,
+        check: bool = False, diff: bool = False,
         on_event: Callable[[dict], None] | None = None, verbosity: int = 0) -> Result:
     import ansible_runner  # imported late: keeps `deployer --help` fast
 
     pdd = tempfile.mkdtemp(prefix="deployer-run-")
     os.chmod(pdd, 0o700)  # extravars (may hold secrets) are written here by ansible-runner
-    failures: list[Failure] = []
-    unreachable: list[str] = []
-    facts: dict = {}
-    stats: dict = {}
+    collect = Collector()
 
     def handler(ev: dict) -> bool:
-        data = ev.get("event_data", {})
-        kind = ev.get("event")
-        if kind == "runner_on_failed" and not data.get("ignore_errors"):
-            res = data.get("res", {})
-            msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
-            if res.get("_ansible_no_log"):
-                msg = "(output hidden: it may contain a secret)"
-            failures.append(Failure(data.get("host", "?"), data.get("task", "?"), data.get("role", ""),
-                                    "\n".join(map(str, msg)) if isinstance(msg, list) else str(msg),
-                                    {k: res[k] for k in ("holder", "locked") if k in res}))
-        elif kind == "runner_on_unreachable":
-            unreachable.append(data.get("host", "?"))
-            failures.append(Failure(data.get("host", "?"), data.get("task", "?"), data.get("role", ""),
-                                    str(data.get("res", {}).get("msg", "unreachable"))))
-        elif kind == "playbook_on_stats":
-            stats.update({k: data.get(k) or {} for k in ("processed", "ok", "changed", "failures", "dark", "skipped")})
-        elif kind == "runner_on_ok":
-            res = data.get("res", {})
-            af = res.get("ansible_facts") or {}
-            for k in WATCHED_FACTS:
-                if k in af:
-                    facts.setdefault(data.get("host", "?"), {})[k] = af[k]
+        collect(ev)
         if on_event:
             on_event(ev)
         return False  # do not keep event files
@@ -125,11 +142,10 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
     try:
         r = ansible_runner.run(
             private_data_dir=pdd, project_dir=str(ROOT), playbook=str(PLAYBOOKS / playbook),
-            inventory=inventory, extravars=extravars or {}, limit=limit, tags=tags, forks=forks,
+            inventory=inventory, extravars=extravars or {}, limit=limit,
             cmdline=" ".join(cmdline) or None, envvars=env, event_handler=handler, quiet=True,
             verbosity=verbosity or None, suppress_env_files=False,
         )
-        return Result(rc=r.rc, status=r.status, failures=failures, unreachable=unreachable, facts=facts,
-                      stats=stats)
+        return collect.result(r.rc, r.status)
     finally:
         shutil.rmtree(pdd, ignore_errors=True)

@@ -4,6 +4,8 @@ import hashlib
 
 import pytest
 
+from helpers import ROOT
+
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
 
 pytestmark = pytest.mark.vllm
@@ -127,6 +129,56 @@ def test_interrupted_apply_is_finished(vllm_src, monkeypatch):
     monkeypatch.setattr(pe, "_atomic_write", real)
     assert pe.apply(str(root))["changed"]
     assert_p1_to_p5(root)
+
+
+def test_apply_killed_mid_swap_is_finished_by_the_next_apply(vllm_src):
+    """SIGKILL between two file swaps (no Python cleanup runs): the next apply finishes the job."""
+    import subprocess
+    import sys
+    root = vllm_src("0.16.0")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+real, swapped = pe._atomic_write, []
+def killer(path, data, mode=None):
+    if ".deployer_patch" not in str(path):
+        swapped.append(path)
+        if len(swapped) == 2:
+            os._exit(9)          # like SIGKILL: no except, no finally
+    return real(path, data, mode)
+pe._atomic_write = killer
+pe.apply({str(root)!r})
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 9, r.stderr
+    assert pe.status(str(root))["state"] == "partial"
+    res = pe.apply(str(root))
+    assert res["changed"] and res["msg"].startswith("finished an interrupted apply (")
+    assert pe.status(str(root))["state"] == "patched"
+    assert_p1_to_p5(root)
+    assert not pe.apply(str(root))["changed"]
+
+
+def test_cli_patch_diff_apply_revert(vllm_src):
+    import json
+    import subprocess
+    import sys
+    root = vllm_src("0.16.0")
+    pristine = tree_hashes(root)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "deployer.cli", "patch", *args, "--vllm-root", str(root)],
+                              capture_output=True, text=True)
+    r = cli("diff")
+    assert r.returncode == 0 and "+++ b/vllm/model_executor/models/kimi_k25.py" in r.stdout, r.stdout[-2000:]
+    assert "SupportsEagle3" in r.stdout and tree_hashes(root) == pristine          # diff changes nothing
+    r = cli("apply")
+    assert r.returncode == 0 and "patched vLLM 0.16.0: P1, P2, P3, P4, P5" in r.stdout, r.stderr
+    assert json.loads(cli("check", "--json").stdout)["state"] == "patched"
+    r = cli("revert")
+    assert r.returncode == 0, r.stderr
+    assert tree_hashes(root) == pristine                                         # byte for byte
 
 
 def test_cli_patch_check_json(vllm_src):

@@ -1,0 +1,43 @@
+"""The event stream -> Result mapping: failures, masking of no_log output, unreachable hosts, facts, exit codes."""
+from deployer import runner
+
+
+def ev(kind, **data):
+    return {"event": kind, "event_data": data}
+
+
+def collect(*events):
+    c = runner.Collector()
+    for e in events:
+        c(e)
+    return c.result(rc=2 if c.failures else 0, status="failed" if c.failures else "successful")
+
+
+def test_failure_messages_and_no_log_masking():
+    r = collect(
+        ev("runner_on_failed", host="h1", task="Ask for one chat completion.", role="smoke",
+           res={"msg": "HTTP 401 Bearer sekrit-123", "_ansible_no_log": True}),
+        ev("runner_on_failed", host="h2", task="Ensure the host has 8 GPUs.", role="preflight",
+           res={"msg": ["GPU count: measured 7", "expected 8"]}),
+        ev("runner_on_failed", host="h3", task="Tolerated", role="smoke", ignore_errors=True, res={"msg": "x"}),
+        ev("playbook_on_stats", processed={"h1": 1, "h2": 1, "h3": 1}),
+    )
+    msgs = {f.host: f.msg for f in r.failures}
+    assert msgs == {"h1": runner.HIDDEN, "h2": "GPU count: measured 7\nexpected 8"}
+    assert "sekrit" not in repr(r.failures)
+    assert r.exit_code() == runner.Exit.FAILED                   # smoke + preflight: not "nothing changed"
+
+
+def test_lock_unreachable_and_facts():
+    holder = {"user": "bob", "controller": "c1", "pid": 7}
+    r = collect(ev("runner_on_failed", host="h1", task="Acquire the deploy lock.", role="",
+                   res={"msg": "host is locked", "locked": True, "holder": holder, "token": "t"}),
+                ev("playbook_on_stats", processed={"h1": 1}))
+    assert r.exit_code() == runner.Exit.LOCKED and r.failures[0].res == {"locked": True, "holder": holder}
+    r = collect(ev("runner_on_unreachable", host="h9", task="Gathering", res={"msg": "Host key verification failed"}),
+                ev("playbook_on_stats", processed={"h9": 1}))
+    assert r.unreachable == ["h9"] and r.exit_code() == runner.Exit.UNREACHABLE
+    assert "Host key verification failed" in r.failures[0].msg
+    r = collect(ev("runner_on_ok", host="h1", res={"ansible_facts": {"_deployer_release_id": "abc", "other": 1}}),
+                ev("playbook_on_stats", processed={"h1": 1}))
+    assert r.facts == {"h1": {"_deployer_release_id": "abc"}} and r.exit_code() == runner.Exit.OK
