@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from vllm_wheels import extract  # noqa: E402  (download + unzip the target files)
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe  # noqa: E402
+from vllm_wheels import extract  # noqa: E402  (download + unzip the target files)
 
 
 def ms(f, n=5):
@@ -27,11 +27,11 @@ def main(versions):
     print("|---|---|---|---|---|---|")
     for v in versions:
         root = str(extract(v, Path(tempfile.mkdtemp()) / v))
-        check = ms(lambda: pe.status(root))
+        check = ms(lambda root=root: pe.status(root))
         t0 = time.perf_counter()
         res = pe.apply(root)
         apply_ms = round((time.perf_counter() - t0) * 1000, 1)
-        again = ms(lambda: pe.apply(root), 3)
+        again = ms(lambda root=root: pe.apply(root), 3)
         t0 = time.perf_counter()
         pe.revert(root)
         revert_ms = round((time.perf_counter() - t0) * 1000, 1)

@@ -297,7 +297,7 @@ def logs(follow: bool = typer.Option(False, "-f", "--follow"), lines: int = type
     try:
         r = conn.run(cmd, pty=follow, warn=True)
     except KeyboardInterrupt:
-        raise typer.Exit(0)
+        raise typer.Exit(0) from None
     raise typer.Exit(0 if r.ok else int(Exit.FAILED))
 
 
@@ -335,6 +335,7 @@ def schedule_add(
 @schedule_app.command("list")
 def schedule_list(as_json: bool = typer.Option(False, "--json")):
     from dataclasses import asdict
+
     from deployer import schedule as sc
     items = sc.load()
     if as_json:
@@ -367,6 +368,7 @@ def schedule_remove(sid: str = typer.Argument(...)):
 def schedule_run(sid: str = typer.Argument(...)):
     """What the timer/cron runs: window check, `up --json`, log (stdout and stderr), webhook.  Exit code = up's."""
     import datetime
+
     from deployer import schedule as sc
     s = _schedules(sid)[sid]
     raise typer.Exit(sc.run_now(s, datetime.datetime.now(), say=lambda m: out.print(m, markup=False)))
@@ -437,7 +439,7 @@ def _patch_cmd(action: str, vllm_root, python, as_json):
     except pe.PatchError as e:
         if as_json:
             sys.stdout.write(json.dumps({"ok": False, "error": str(e)}) + "\n")
-            raise typer.Exit(int(Exit.FAILED))
+            raise typer.Exit(int(Exit.FAILED)) from e
         _die(Exit.FAILED, str(e))
     if as_json:
         sys.stdout.write(json.dumps(dict(res, ok=True, vllm_root=root)) + "\n")

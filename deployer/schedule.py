@@ -14,7 +14,8 @@ import subprocess
 import sys
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, time as dtime
+from datetime import datetime
+from datetime import time as dtime
 from pathlib import Path
 
 from deployer import tools

@@ -22,8 +22,10 @@ Rehearsal knobs (JSON, /etc/deployer-sandbox/standin.json): load_seconds, crash_
 stall_phase, phase_seconds {phase: s}, acceptance_rate, crash_after_ready_seconds,
 unhealthy_after_ready_seconds (/health answers 503, the process lives on, as when the
 engine core died), hang_after_ready_seconds (accepts connections, never answers), and
-only_if_arg (a string: crash/stall only when some argv word equals it, so a new release can
-fail while the previous one still starts).
+chat_status (the chat endpoint answers this HTTP status), empty_reply (empty completion text),
+no_drafts (the drafter never proposes), fatal_line_phase (log an NCCL error line in that phase and
+hang, the process alive), and only_if_arg (a string: every failure knob applies only when some
+argv word equals it, so a new release can fail while the previous one still starts).
 Standard library, plus the venv's own tqdm (a vLLM dependency).
 """
 import argparse
@@ -306,7 +308,7 @@ class Metrics(object):
         with self.lock:
             self.prompt += prompt_tokens
             self.gen += gen_tokens
-            if not self.spec:
+            if not self.spec or getattr(self, "no_drafts", False):
                 return
             for _ in range(max(1, gen_tokens // 2)):
                 # deterministic: the running total of accepted tokens tracks rate * draft tokens,
@@ -343,9 +345,13 @@ class Metrics(object):
 
 
 ENGINE = {"dead": False, "hung": False}   # set by the *_after_ready_seconds knobs
+FAILURE_KNOBS = ("crash_phase", "stall_phase", "crash_after_ready_seconds", "unhealthy_after_ready_seconds",
+                 "hang_after_ready_seconds", "chat_status", "empty_reply", "no_drafts", "fatal_line_phase")
 
 
-def make_handler(args, metrics, api_key, started):
+def make_handler(args, metrics, api_key, started, k=None):
+    k = k or {}
+
     class H(BaseHTTPRequestHandler):
         server_version = "uvicorn"
         sys_version = ""
@@ -418,11 +424,17 @@ def make_handler(args, metrics, api_key, started):
             if want and want != name:
                 return self._send(404, json.dumps({"error": {"message": "The model `%s` does not exist." % want,
                                                              "type": "NotFoundError", "code": 404}}).encode())
+            if k.get("chat_status"):
+                return self._send(int(k["chat_status"]), json.dumps({"error": {
+                    "message": "sandbox knob chat_status", "type": "InternalServerError",
+                    "code": int(k["chat_status"])}}).encode())
             prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
             max_tokens = int(req.get("max_tokens") or 16)
             text = "Sandbox stand-in reply (%s): %s" % ("EAGLE-3 on" if metrics.spec else "no speculation",
                                                          prompt[:40])
-            gen = min(max_tokens, max(1, len(text.split())))
+            if k.get("empty_reply"):
+                text = ""
+            gen = min(max_tokens, max(1, len(text.split()))) if text else 1
             metrics.completion(max(1, len(prompt.split())), gen)
             body = {"id": "chatcmpl-standin-%d" % int(time.time() * 1000), "object": "chat.completion",
                     "created": int(time.time()), "model": name,
@@ -450,7 +462,8 @@ def main(argv):
     args, unknown = p.parse_known_args(argv)
     k = knobs()
     if k.get("only_if_arg") is not None and k["only_if_arg"] not in argv:
-        k["crash_phase"] = k["stall_phase"] = None
+        for knob in FAILURE_KNOBS:
+            k.pop(knob, None)
     os.makedirs(STATE_DIR, exist_ok=True)
     with open(os.path.join(STATE_DIR, "argv.json"), "w") as f:
         json.dump({"argv": argv, "pid": PID, "started": time.time()}, f)
@@ -469,6 +482,11 @@ def main(argv):
                 time.sleep(3600)
 
     def phase(name):
+        if k.get("fatal_line_phase") == name:   # a fatal line while the process lives on (a wedged NCCL rank)
+            log(None, raw="NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+                level="ERROR", where="pynccl.py")
+            while True:
+                time.sleep(3600)
         if k.get("stall_phase") == name and name in ("weights", "drafter", "api"):
             stall(name)
         if k.get("crash_phase") == name:
@@ -548,9 +566,10 @@ def main(argv):
     log("api", 0, "http://%s:%d" % (host, args.port), who="APIServer")
     metrics = Metrics(args.served_model_name or args.model_tag, max(1, k_tokens),
                       float(k.get("acceptance_rate", 0.6)), bool(spec))
+    metrics.no_drafts = bool(k.get("no_drafts"))
     started = time.time()
     srv = ThreadingHTTPServer((host, args.port),
-                              make_handler(args, metrics, os.environ.get("VLLM_API_KEY", ""), started))
+                              make_handler(args, metrics, os.environ.get("VLLM_API_KEY", ""), started, k))
     log(None, raw="Available routes are:", who="APIServer", where="launcher.py")
     api = stream("APIServer")
     api.write("INFO:     Application startup complete.\n")   # uvicorn's own line

@@ -8,8 +8,7 @@ import time
 import pytest
 
 from helpers import CACHE
-from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, stages, up
-from sandbox_helpers import sh
+from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -99,7 +98,10 @@ def test_concurrent_up_one_refused():
     env_args = ["-e", "render_max_model_len=32768"]  # a restart makes the first run long
     p1 = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", *env_args], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)
+    for _ in range(600):   # the first run holds the lock once it is past its first task
+        if sh(H, "test -f /opt/deployer/.lock/holder.json && echo held || echo free") == "held":
+            break
+        time.sleep(0.1)
     r2 = up()
     o1, e1 = p1.communicate(timeout=600)
     assert p1.returncode == 0, e1
@@ -110,7 +112,7 @@ def test_concurrent_up_one_refused():
 
 
 def test_stale_lock_reported_and_unlock():
-    rec = {"token": "x", "user": "ghost", "controller": socket.gethostname(), "pid": 999999, "command": "up",
+    rec = {"token": "x", "user": "ghost", "controller": socket.gethostname(), "pid": 2 ** 22 + 12345, "command": "up",
            "since": time.time() - 3600, "since_iso": "an hour ago"}
     sh(H, f"mkdir -p /opt/deployer/.lock && echo '{json.dumps(rec)}' > /opt/deployer/.lock/holder.json")
     r = up()
@@ -157,11 +159,14 @@ def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
     assert "0 3 * * 0 /usr/bin/env" in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
     try:
         pid, n = main_pid(H), len(releases())
+        tokens = sh(H, "curl -s localhost:8000/metrics | grep '^vllm:prompt_tokens_total'")
         r = deployer("schedule", "run", sid, env=env)
         assert r.returncode == 0, r.stderr
         ev = json.loads(r.stdout.strip().splitlines()[-1])
         assert ev["reason"] == "nothing changed; did nothing" and ev["hosts"] == [H]
         assert main_pid(H) == pid and len(releases()) == n
+        # --if-changed did nothing at all: not even the smoke test's request (a plain `up` would send one)
+        assert sh(H, "curl -s localhost:8000/metrics | grep '^vllm:prompt_tokens_total'") == tokens
         log = (tmp_path / "st" / "deployer" / f"schedule-{sid}.log").read_text()
         assert '"event": "result"' in log and '"scheduled_up"' in log
         assert got and got[-1]["reason"] == "nothing changed; did nothing" and got[-1]["exit_code"] == 0
@@ -184,3 +189,76 @@ def test_schedule_outside_window_does_nothing(tmp_path):
         assert f"outside window {w}" in r.stdout
     finally:
         deployer("schedule", "remove", sid, env=env)
+
+
+def test_unlock_without_a_lock_says_so():
+    r = deployer("unlock", "--sandbox")
+    assert r.returncode == 0, r.stderr
+    assert "no lock" in flat(r.stderr)
+
+
+def test_watch_logs_and_status_commands():
+    r = deployer("watch", "--sandbox")
+    assert r.returncode == 0, r.stderr
+    assert stages(r.stderr, H).get("watch") == "unchanged" and "ready after" in r.stderr
+    r = deployer("logs", "--sandbox", "-n", "400")
+    assert r.returncode == 0 and "Application startup complete" in r.stdout, r.stdout[-2000:] + r.stderr
+    r = deployer("status", "--sandbox")
+    assert r.returncode == 0, r.stderr
+    live = sh(H, "basename $(readlink /opt/deployer/current)")
+    assert f"{H}: release {live}" in flat(r.stdout) and "health 200" in r.stdout and "over 8 GPUs" in r.stdout
+    sh(H, "systemctl stop deployer-vllm")
+    try:
+        r = deployer("status", "--sandbox")
+        assert r.returncode == 1, r.stdout + r.stderr             # a cron job can act on it
+        assert "unit inactive" in flat(r.stdout) and "health 200" not in r.stdout
+    finally:
+        sh(H, "systemctl start deployer-vllm")
+    assert deployer("watch", "--sandbox").returncode == 0
+
+
+def test_rollback_to_a_named_release_and_one_whose_venv_is_gone():
+    rels = releases()
+    live = sh(H, "basename $(readlink /opt/deployer/current)")
+    other = [x for x in rels if x != live][0]
+    r = deployer("rollback", "--sandbox", "--to", other)
+    assert r.returncode == 0, r.stderr
+    assert sh(H, "basename $(readlink /opt/deployer/current)") == other
+    assert sh(H, "basename $(readlink /opt/deployer/previous)") == live
+    # a target whose venv is gone is refused before anything restarts
+    pid = main_pid(H)
+    sh(H, "mv /opt/deployer/venvs/vllm-0.16.0/.deployer-installed /root/marker")
+    try:
+        r = deployer("rollback", "--sandbox", "--to", live)
+    finally:
+        sh(H, "mv /root/marker /opt/deployer/venvs/vllm-0.16.0/.deployer-installed")
+    assert r.returncode == 1, r.stderr
+    assert "rollback target needs files that are gone: /opt/deployer/venvs/vllm-0.16.0/.deployer-installed" \
+        in flat(r.stderr)
+    assert main_pid(H) == pid and sh(H, "basename $(readlink /opt/deployer/current)") == other
+
+
+def test_a_changed_drafter_is_a_new_release_and_is_shipped(tmp_path):
+    from deployer.sandbox import hosts as sb
+    live = sh(H, "basename $(readlink /opt/deployer/current)")
+    stores = set(sh(H, "ls /opt/deployer/drafters").split())
+    extra = sb.STATE / "drafter" / "generation_config.json"
+    extra.write_text('{"max_new_tokens": 1}\n')
+    vars_file = tmp_path / "vars.yml"
+    vars_file.write_text("render_max_model_len: 65536\n")
+    try:
+        r = up("-e", f"@{vars_file}", "--limit", H)
+    finally:
+        extra.unlink()
+    assert r.returncode == 0, r.stderr
+    assert stages(r.stderr, H)["drafter"] == "changed"
+    new = set(sh(H, "ls /opt/deployer/drafters").split()) - stores
+    assert len(new) == 1, new
+    argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["model"] == f"/opt/deployer/drafters/{new.pop()}" and "65536" in argv
+    assert sh(H, f"cat {spec['model']}/generation_config.json") == '{"max_new_tokens": 1}'
+    assert sh(H, "basename $(readlink /opt/deployer/current)") != live
+    # a --limit that matches nothing is bad input, never a silent success
+    r = up("--limit", "no-such-host")
+    assert r.returncode == 2 and "no host matched" in flat(r.stderr)

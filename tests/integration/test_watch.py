@@ -3,8 +3,7 @@ import json
 
 import pytest
 
-from sandbox_helpers import flat, needs_sandbox, sandbox_hosts, up
-from sandbox_helpers import sh
+from sandbox_helpers import flat, needs_sandbox, sandbox_hosts, sh, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"

@@ -49,6 +49,7 @@ def test_scheduled_run_keeps_stderr_of_a_failing_up(tmp_path, monkeypatch):
 
 def test_webhook_failure_is_logged_and_does_not_change_the_outcome(tmp_path, monkeypatch):
     import socket
+
     from deployer import schedule as sc
     monkeypatch.setattr(sc, "STATE", tmp_path)
     with socket.socket() as sock:           # a port nobody listens on
@@ -61,3 +62,15 @@ def test_webhook_failure_is_logged_and_does_not_change_the_outcome(tmp_path, mon
     log = (tmp_path / "schedule-t2.log").read_text()
     assert '"event": "skipped"' in log and '"event": "webhook_failed"' in log and "ConnectionError" in log
     assert any(m.startswith("webhook failed: ConnectionError") for m in said)
+
+
+def test_schedule_add_refuses_secrets(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"))
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", "schedule", "add", "--host", "192.0.2.1", "--at", "03:00",
+                        "-e", "render_api_key=sekrit"], capture_output=True, text=True, env=env)
+    assert r.returncode == 2
+    assert "secrets are not stored in schedules" in " ".join(r.stderr.split()) and "sekrit" not in r.stderr
+    assert not (tmp_path / "cfg" / "deployer" / "schedules.json").exists()      # nothing installed or saved

@@ -4,9 +4,8 @@ import hashlib
 
 import pytest
 
-from helpers import ROOT
-
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+from helpers import ROOT
 
 pytestmark = pytest.mark.vllm
 PATCHED = ["0.16.0", "0.17.1"]

@@ -4,10 +4,10 @@ import subprocess
 
 import pytest
 
-from helpers import CACHE, ROOT
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
 from deployer.sandbox.hosts import write_drafter_dir, write_model_dir
 from deployer.serve import build_serve_argv
+from helpers import CACHE, ROOT
 
 pytestmark = pytest.mark.vllm
 VENV = CACHE / "venvs" / "vllm-0.16.0"

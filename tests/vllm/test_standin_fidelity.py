@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from helpers import CACHE, ROOT
 from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
 from deployer.sandbox import standin
 from deployer.sandbox.hosts import write_model_dir
+from helpers import CACHE, ROOT
 
 pytestmark = pytest.mark.vllm
 VERSIONS = ("0.16.0", "0.18.0")

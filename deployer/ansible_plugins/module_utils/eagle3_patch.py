@@ -481,7 +481,7 @@ def plan_from_sources(root):
             try:
                 compile(after, rel, "exec", dont_inherit=True)
             except SyntaxError as e:  # never write a file that does not compile
-                raise PatchError("%s: patched source does not compile: %s" % (rel, e))
+                raise PatchError("%s: patched source does not compile: %s" % (rel, e)) from e
             plan.files[rel] = (src.data, after)
     return plan
 
@@ -637,7 +637,7 @@ def revert(root, check_mode=False):
 
 def _remove_state(root):
     state = _state(root)
-    for dirpath, dirnames, filenames in os.walk(state, topdown=False):
+    for dirpath, _dirnames, filenames in os.walk(state, topdown=False):
         for f in filenames:
             os.unlink(os.path.join(dirpath, f))
         os.rmdir(dirpath)

@@ -36,9 +36,12 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reports what would change and changes nothing.
   diff_mode:
     support: none
-author: deployer
+    description: Returns no diff.
+author:
+  - deployer maintainers (@deployer)
 """
 
 EXAMPLES = r"""

@@ -25,9 +25,12 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reports what would change and changes nothing.
   diff_mode:
     support: full
-author: deployer
+    description: Returns a before/after diff of what it changes.
+author:
+  - deployer maintainers (@deployer)
 """
 
 EXAMPLES = r"""
