@@ -36,7 +36,7 @@ def main():
     res["sandbox_start_1_host_s"] = round(time.time() - t0, 2)
     res["up_cold_1_host_s"] = round(run("up", "--sandbox")[0], 2)
     res["up_noop_1_host_s"] = round(min(run("up", "--sandbox")[0] for _ in range(3)), 2)
-    run("up", "--sandbox", "-e", "render_max_model_len=65536")
+    run("up", "--sandbox", "-e", "deployer_max_model_len=65536")
     t, r = run("rollback", "--sandbox", "--json")
     res["rollback_total_s"] = round(t, 2)
     res["rollback_excluding_load_s"] = round(t - load_seconds(r), 2)

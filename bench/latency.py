@@ -36,7 +36,7 @@ def one(kind, i):
     if kind == "crash":
         sb.set_knobs("sbx1", standin={"crash_phase": "weights", "only_if_arg": gmu})
     try:
-        rc, events = up("-e", f"render_gpu_memory_utilization={gmu}")
+        rc, events = up("-e", f"deployer_gpu_memory_utilization={gmu}")
     finally:
         sb.set_knobs("sbx1", standin={})
     done = [e for e in events if e["event"] == "watch_done"]

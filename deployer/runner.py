@@ -53,24 +53,24 @@ class Result:
         return set((self.stats or {}).get("processed", {}) or {})
 
     def exit_code(self) -> Exit:
+        """From each host's deployer_result (the playbooks' one result), else from what the stream showed."""
         if not self.processed():
             return Exit.USAGE  # no host matched: never report success for doing nothing
-        if self.rc == 0 and not self.failures and not self.unreachable:
-            return Exit.OK
         if self.unreachable:
             return Exit.UNREACHABLE
-        roles = {f.role for f in self.failures}
-        if any(f.res.get("locked") for f in self.failures):
+        classes = {(f.get("deployer_result") or {}).get("exit_class") for f in self.facts.values()} - {None}
+        if self.rc == 0 and not self.failures:
+            return Exit.OK
+        if any(f.res.get("locked") for f in self.failures) or "locked" in classes:
             return Exit.LOCKED
-        if roles and roles <= {"preflight", "deployer_common"}:
-            return Exit.PREFLIGHT
-        if roles and roles <= {"verify"}:
-            return Exit.VERIFY
+        for cls, code in (("failed", Exit.FAILED), ("verify", Exit.VERIFY), ("preflight", Exit.PREFLIGHT)):
+            if cls in classes:
+                return code   # the worst class over the hosts
         return Exit.FAILED
 
 
-WATCHED_FACTS = ("_deployer_release_id", "_deployer_release_is_live", "_deployer_restarted", "_deployer_spec",
-                 "_deployer_reply", "_deployer_patch_fingerprint", "_deployer_argv", "_deployer_verify", "_deployer_status")
+# The playbooks' documented results (docs/design.md): the CLI reads nothing else of a run.
+WATCHED_FACTS = ("deployer_result", "deployer_status")
 HIDDEN = "(output hidden: it may contain a secret)"
 
 

@@ -210,7 +210,7 @@ def summarize(returncode: int, result: dict) -> str:
         return "host locked by another run; did nothing"
     if returncode == 0:
         hosts = result.get("hosts") or {}
-        live = [h for h, f in hosts.items() if f.get("_deployer_release_is_live") and not f.get("_deployer_restarted")]
+        live = [h for h, f in hosts.items() if f.get("release_was_live") and not f.get("restarted")]
         return "nothing changed; did nothing" if hosts and len(live) == len(hosts) else "deployed"
     return "deploy failed"
 

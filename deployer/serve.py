@@ -1,14 +1,16 @@
 """The ``vllm serve`` command line: built here and nowhere else.
 
-Pure functions.  The ``render`` role reaches them through the ``vllm_serve_argv``,
-``systemd_exec_quote`` and ``systemd_env_quote`` filters (``deployer/ansible_plugins/
-filter_plugins/deployer_filters.py``); the CLI and tests import them directly.
+Pure functions.  ``deployer.plan.make_plan`` calls ``build_serve_argv`` (the roles reach it
+through the ``deployer_plan`` filter); the unit and env file templates use ``exec_start`` and
+``systemd_env_quote`` (filters in ``deployer/ansible_plugins/filter_plugins/deployer_filters.py``).
 """
 from __future__ import annotations
 
 import json
 import re
 from typing import Any
+
+from deployer.ansible_plugins.module_utils import envfile
 
 # Flags the deployer owns.  Free-form ``extra_args`` may not set them again (two
 # sources of truth for the same flag is how a 25-minute load ends in surprise).
@@ -123,11 +125,11 @@ def systemd_exec_quote(arg: str) -> str:
 
 
 def systemd_env_quote(value: str) -> str:
-    """Quote a value for an ``EnvironmentFile=`` line (double quotes, backslash escapes)."""
-    value = str(value)
-    if "\n" in value or "\x00" in value:
-        raise ServeConfigError("environment values may not contain newlines")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+    """Quote a value for an ``EnvironmentFile=`` line; the reader is beside the writer in envfile.py."""
+    try:
+        return envfile.quote(value)
+    except envfile.EnvFileError as e:
+        raise ServeConfigError(str(e)) from e
 
 
 def exec_start(argv: list[str]) -> str:

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Write roles/*/meta/argument_specs.yml from defaults/main.yml (comments become descriptions).
+"""Write roles/*/meta/argument_specs.yml from defaults/main.yml and meta/inputs.yml.
 
-defaults/main.yml is the documentation; this keeps the spec Ansible validates at run time in step.
+defaults/main.yml documents every setting of a role once (the comment above a variable is its
+description; a ``# choices: a, b`` line adds choices).  meta/inputs.yml declares the role's required
+inputs, the ones the playbook wires in from the plan (argument-spec options, hand-written: types,
+required, descriptions).  This keeps the spec Ansible validates at run time in step with both;
 tests/unit/test_roles.py fails when they drift.  Run: python3 scripts/gen_argument_specs.py
 """
 import sys
@@ -24,7 +27,10 @@ def parse(path):
             comments.append(s.lstrip("# ").rstrip())
         elif s and not line.startswith((" ", "-")) and ":" in s and not s.startswith("---"):
             name = s.split(":", 1)[0]
-            out.append((name, data[name], " ".join(c for c in comments if c) or name.replace("_", " ")))
+            choices = [c.split(":", 1)[1] for c in comments if c.startswith("choices:")]
+            desc = " ".join(c for c in comments if c and not c.startswith("choices:")) or name.replace("_", " ")
+            out.append((name, data[name], desc,
+                        [x.strip() for x in choices[0].split(",")] if choices else None))
             comments = []
         elif not s:
             if head is None and not out and comments:
@@ -33,16 +39,28 @@ def parse(path):
     return head or "", out
 
 
+class Dumper(yaml.SafeDumper):
+    """Lists indented under their key, as yamllint (ansible-lint) expects."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+
 def spec_for(role):
-    head, vars_ = parse(role / "defaults/main.yml")
+    head, vars_ = parse(role / "defaults/main.yml") if (role / "defaults/main.yml").exists() else ("", [])
     options = {}
-    for name, default, desc in vars_:
+    inputs = role / "meta/inputs.yml"
+    if inputs.exists():
+        options.update(yaml.safe_load(inputs.read_text()) or {})
+    for name, default, desc, choices in vars_:
         t = TYPES.get(type(default), "raw")
         if isinstance(default, str) and "{{" in default:
             t = "str"
         opt = {"description": desc, "type": t, "default": default}
         if t == "list":
             opt["elements"] = "str" if not default or isinstance(default[0], str) else "raw"
+        if choices:
+            opt["choices"] = choices
         options[name] = opt
     return {"argument_specs": {"main": {"short_description": head.split(":")[0] if head else role.name,
                                         "description": [head] if head else [], "options": options}}}
@@ -51,10 +69,10 @@ def spec_for(role):
 def main(check=False):
     bad = []
     for role in sorted((ROOT / "roles").iterdir()):
-        if not (role / "defaults/main.yml").exists():
+        if not (role / "defaults/main.yml").exists() and not (role / "meta/inputs.yml").exists():
             continue
         want = "---\n# Generated from defaults/main.yml by scripts/gen_argument_specs.py; edit the defaults.\n" + \
-            yaml.safe_dump(spec_for(role), sort_keys=False, width=110)
+            yaml.dump(spec_for(role), Dumper=Dumper, sort_keys=False, width=110)
         path = role / "meta/argument_specs.yml"
         if check:
             if not path.exists() or path.read_text() != want:

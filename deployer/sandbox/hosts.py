@@ -314,9 +314,9 @@ def write_client_files(hosts: list[Host]) -> None:
         # SANDBOX: the engine is the vLLM stand-in, run by the release venv's python so that it can
         # ask the real, installed vLLM for supports_eagle3(); packages come from the pre-seeded uv cache.
         "deployer_sandbox": True,
-        "render_launcher": ["{{ _deployer_python }}", STANDIN_PATH],
+        "deployer_launcher": ["{python}", STANDIN_PATH],
         "vllm_install_offline": True,
-        "drafter_src_dir": str(STATE / "drafter"),
+        "deployer_drafter_src_dir": str(STATE / "drafter"),
         "deployer_model_dir": MODEL_DIR,
     }}}}}
     (STATE / "inventory.yml").write_text(

@@ -33,7 +33,7 @@ def fail_with(arg, extra=(), **knob):
     """Deploy a release whose argv holds ``arg`` (--gpu-memory-utilization) with a failure knob for it."""
     knobs(only_if_arg=arg, **knob)
     try:
-        return up("-e", f"render_gpu_memory_utilization={arg}", *FAST, *extra)
+        return up("-e", f"deployer_gpu_memory_utilization={arg}", *FAST, *extra)
     finally:
         knobs()
 

@@ -30,7 +30,7 @@ def test_parallel_then_rolling_stops_at_broken_host():
 
     sb.set_knobs("sbx2", gpus={"count": 7})
     try:
-        r = up("--serial", "1", "-e", "render_max_model_len=65536")
+        r = up("--serial", "1", "-e", "deployer_max_model_len=65536")
     finally:
         sb.set_knobs("sbx2", gpus={})
     assert r.returncode == 3, r.stdout + r.stderr

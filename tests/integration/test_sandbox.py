@@ -60,7 +60,7 @@ def test_01_full_up_then_noop():
 
 def test_02_hostile_value_reaches_server_intact_and_runs_nothing():
     evil = "/a b'\";$(touch /tmp/pwned)`touch /tmp/pwned2` %n $HOME \\x"
-    r = up("-e", "render_extra_args=" + json.dumps(["--root-path", evil]))
+    r = up("-e", "deployer_extra_args=" + json.dumps(["--root-path", evil]))
     assert r.returncode == 0, r.stdout + r.stderr
     # systemd runs no shell, so nothing can be "executed"; what can break is systemd's own expansion of
     # $VAR and %-specifiers and its word splitting: the server must receive the value byte for byte
@@ -99,11 +99,11 @@ def test_03_preflight_failure_changes_nothing(case):
     elif case == "missing_config":
         sh(f"mv {sbx.MODEL_DIR}/config.json /root/config.json")
     elif case == "bad_drafter":
-        extra = ["-e", "drafter_src_dir=/nonexistent/drafter"]
+        extra = ["-e", "deployer_drafter_src_dir=/nonexistent/drafter"]
     else:
         extra = ["-e", "preflight_min_free_disk_gib=100000"]
     try:
-        r = up(*extra, "-e", "render_gpu_memory_utilization=0.8")  # a would-be new release
+        r = up(*extra, "-e", "deployer_gpu_memory_utilization=0.8")  # a would-be new release
     finally:
         sbx.set_knobs(H, gpus={})
         sh(f"test -f /root/shard17 && mv /root/shard17 {sbx.MODEL_DIR}/model-00017-of-000064.safetensors; true")
@@ -138,7 +138,7 @@ def test_04_crash_during_load_is_reported_within_seconds_and_rolled_back():
     live = sh("readlink /opt/deployer/current")
     sbx.set_knobs(H, standin={"crash_phase": "weights", "load_seconds": 4, "only_if_arg": "0.85"})
     try:
-        r = up("-e", "render_gpu_memory_utilization=0.85", "-e", "watch_budget_seconds=1200")
+        r = up("-e", "deployer_gpu_memory_utilization=0.85", "-e", "watch_budget_seconds=1200")
     finally:
         sbx.set_knobs(H, standin={})
     assert r.returncode == 1, r.stdout + r.stderr
@@ -157,7 +157,7 @@ def test_05_patching_disabled_fails_at_verification_before_any_restart():
     assert up().returncode == 0            # the default release is live (a no-op when it already is)
     pid = main_pid()
     unit = sh(f"sha256sum /etc/systemd/system/{SVC}.service")
-    r = up("-e", "vllm_patch_enabled=false", "-e", "render_gpu_memory_utilization=0.86")
+    r = up("-e", "deployer_patch_enabled=false", "-e", "deployer_gpu_memory_utilization=0.86")
     assert r.returncode == 4, r.stdout + r.stderr
     err = " ".join(r.stderr.split())
     assert "verification failed before any restart" in err
@@ -182,7 +182,7 @@ def test_05_patching_disabled_fails_at_verification_before_any_restart():
 
 def test_06_check_mode_changes_nothing_and_hides_secrets():
     before = host_state()
-    r = up("--check", "--diff", "-e", "render_max_model_len=4096", "-e", "render_api_key=sekrit-check-123")
+    r = up("--check", "--diff", "-e", "deployer_max_model_len=4096", "-e", "deployer_api_key=sekrit-check-123")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "would be verified and started" in flat(r.stderr)
     assert "sekrit-check-123" not in r.stdout + r.stderr

@@ -18,7 +18,7 @@ def sandbox():
 
 
 def test_second_deploy_shows_eta_and_json_phases():
-    r = up("-e", "render_max_model_len=65536", "--json")
+    r = up("-e", "deployer_max_model_len=65536", "--json")
     assert r.returncode == 0, r.stderr
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     phases = [e for e in events if e["event"] == "phase"]
@@ -28,7 +28,7 @@ def test_second_deploy_shows_eta_and_json_phases():
     assert done[-1]["state"] == "ready"
     assert {"weights", "drafter", "compile", "kv_cache", "graphs"} <= set(done[-1]["phase_seconds"])
     assert events[-1]["event"] == "result" and events[-1]["ok"] is True
-    r = up("-e", "render_max_model_len=32768")
+    r = up("-e", "deployer_max_model_len=32768")
     assert "ETA " in r.stderr
 
 
@@ -36,7 +36,7 @@ def test_stall_is_reported_by_the_stall_limit_not_the_budget(sandbox):
     live = sh(H, "readlink /opt/deployer/current")
     sandbox.set_knobs(H, standin={"stall_phase": "compile", "only_if_arg": "0.87"})
     try:
-        r = up("-e", "render_gpu_memory_utilization=0.87", "-e", "watch_stall_seconds={'default': 600, 'compile': 6}",
+        r = up("-e", "deployer_gpu_memory_utilization=0.87", "-e", "watch_stall_seconds={'default': 600, 'compile': 6}",
                "-e", "watch_budget_seconds=1500")
     finally:
         sandbox.set_knobs(H, standin={})
@@ -51,7 +51,7 @@ def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
     live = sh(H, "readlink /opt/deployer/current")
     sandbox.set_knobs(H, standin={"acceptance_rate": 0.2})
     try:
-        r = up("-e", "render_gpu_memory_utilization=0.88", "-e", "smoke_min_acceptance_rate=0.5")
+        r = up("-e", "deployer_gpu_memory_utilization=0.88", "-e", "smoke_min_acceptance_rate=0.5")
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 1, r.stderr
@@ -65,7 +65,7 @@ def test_live_shard_progress_through_real_journald(sandbox):
     """vLLM's shard bar (a newline after every redraw) reaches the watch live through journald."""
     sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8}})
     try:
-        r = up("-e", "render_max_model_len=16384", "--json")
+        r = up("-e", "deployer_max_model_len=16384", "--json")
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 0, r.stderr

@@ -7,26 +7,27 @@ from pathlib import Path
 
 import yaml
 
-from deployer.serve import build_serve_argv
+from deployer.plan import make_plan
 from helpers import ROOT
 
 GOLDEN = ROOT / "tests" / "golden"
-ARGV = build_serve_argv(dict(
-    launcher=["/opt/deployer/venvs/vllm-0.16.0/bin/vllm"], model="/srv/models/Kimi-K2.5",
-    served_model_name="kimi-k2.5", port=8000, tensor_parallel_size=8, gpu_memory_utilization=0.9,
-    max_model_len=131072, speculative={"method": "eagle3", "model": "/opt/deployer/drafters/0123456789abcdef",
-                                       "num_speculative_tokens": 3},
-    extra_args=["--root-path", "/a b'\";$(x) %n $HOME"]))
+
+
+def settings(**over):
+    """roles/deployer/defaults/main.yml as make_plan's settings (the deployer_ prefix dropped)."""
+    d = yaml.safe_load((ROOT / "roles/deployer/defaults/main.yml").read_text())
+    s = {k[len("deployer_"):]: v for k, v in d.items()}
+    s.update(root=d["deployer_root"], extra_args=["--root-path", "/a b'\";$(x) %n $HOME"], **over)
+    return s
 
 
 def render(tmp_path, **extra):
-    dflt = {}
-    for role in ("render", "start"):
-        dflt.update(yaml.safe_load((ROOT / f"roles/{role}/defaults/main.yml").read_text()))
-    vars_ = dict(dflt, _deployer_release_id="r0123456789a", deployer_vllm_version="0.16.0",
-                 _deployer_patch_ids=["P1", "P2", "P3", "P4", "P5"], deployer_served_model_name="kimi-k2.5",
-                 _deployer_release_dir="/opt/deployer/releases/r0123456789a", _deployer_argv=ARGV,
-                 ansible_managed="Managed by deployer; local edits are overwritten.", **extra)
+    drafter = {"src": "/home/op/drafter", "files": [], "tree_sha256": "0123456789abcdef" * 4, "bytes": 0}
+    plan = make_plan(settings(**{k[len("deployer_"):]: v for k, v in extra.items()}), drafter)
+    vars_ = dict(render_plan=plan, render_patch={"fingerprint": "f00", "patches": ["P1", "P2", "P3", "P4", "P5"]},
+                 __render_id="r0123456789a", __render_dir="/opt/deployer/releases/r0123456789a",
+                 deployer_api_key=extra.get("deployer_api_key", ""), deployer_hf_token=extra.get("deployer_hf_token", ""),
+                 ansible_managed="Managed by deployer; local edits are overwritten.")
     (tmp_path / "vars.json").write_text(json.dumps(vars_))
     pb = [{"hosts": "localhost", "gather_facts": False, "connection": "local", "tasks": [
         {"ansible.builtin.template": {"src": str(ROOT / f"templates/{t}.j2"), "dest": str(tmp_path / t)}}
@@ -55,6 +56,6 @@ def test_unit_and_env_golden(tmp_path):
 
 
 def test_secrets_only_in_env_file(tmp_path):
-    unit, env = render(tmp_path, render_api_key='k"e$y`1\\', render_hf_token="hf_abc")
+    unit, env = render(tmp_path, deployer_api_key='k"e$y`1\\', deployer_hf_token="hf_abc")
     assert 'VLLM_API_KEY="k\\"e\\$y\\`1\\\\"' in env and 'HF_TOKEN="hf_abc"' in env
     assert "k\"e" not in unit and "hf_abc" not in unit

@@ -1,13 +1,15 @@
-"""Exit codes and the lock report, from recorded-shape runner results (no SSH)."""
+"""The lock report and the final human/JSON report, from recorded-shape runner results (no SSH)."""
+import json
 import os
 import socket
 
-from deployer import cli, runner
+from deployer import runner
+from deployer.cli import deploy
 
 
-def result(failures, processed=("h1",)):
+def result(failures, processed=("h1",), facts=None):
     return runner.Result(rc=2 if failures else 0, status="failed" if failures else "successful", failures=failures,
-                         stats={"processed": {h: 1 for h in processed}})
+                         stats={"processed": {h: 1 for h in processed}}, facts=facts or {})
 
 
 def lock_failure(pid):
@@ -17,23 +19,24 @@ def lock_failure(pid):
 
 def test_stale_and_live_locks(capsys):
     dead = 2 ** 22 + 12345  # above pid_max on this machine: never a live process
-    res = result([lock_failure(dead)])
-    assert cli._report(res, False, "up") == runner.Exit.LOCKED
+    assert deploy.report(result([lock_failure(dead)]), False, "up") == runner.Exit.LOCKED
     assert "STALE: its process is gone" in capsys.readouterr().err
-    res = result([lock_failure(os.getpid())])
-    assert cli._report(res, True, "up") == runner.Exit.LOCKED
+    assert deploy.report(result([lock_failure(os.getpid())]), True, "up") == runner.Exit.LOCKED
     assert "held by a live deploy on this machine" in capsys.readouterr().out
 
 
-def test_exit_codes():
-    assert result([]).exit_code() == runner.Exit.OK
-    assert result([], processed=()).exit_code() == runner.Exit.USAGE   # no host matched is never success
-    pre = runner.Failure("h1", "Ensure the host has 8 GPUs.", "preflight", "GPU count: measured 7, expected 8")
-    assert result([pre]).exit_code() == runner.Exit.PREFLIGHT
-    ver = runner.Failure("h1", "Ensure vLLM accepts this launch.", "verify", "verification failed")
-    assert result([ver]).exit_code() == runner.Exit.VERIFY
-    late = runner.Failure("h1", "Fail with the reason.", "", "deploy failed in stage 'watch'")
-    assert result([pre, late]).exit_code() == runner.Exit.FAILED
-    r = result([runner.Failure("h1", "Gathering", "", "unreachable")])
-    r.unreachable = ["h1"]
-    assert r.exit_code() == runner.Exit.UNREACHABLE
+def test_report_reads_only_the_result(capsys):
+    r = {"outcome": "ok", "exit_class": "ok", "release": "abc123", "release_was_live": True, "restarted": False,
+         "acceptance_rate": 0.61, "mean_acceptance_length": 2.8}
+    assert deploy.report(result([], facts={"h1": {"deployer_result": r}}), False, "up") == 0
+    text = capsys.readouterr().out
+    assert "h1: release abc123 unchanged, nothing restarted; EAGLE-3 acceptance rate 0.61" in " ".join(text.split())
+    assert deploy.report(result([], facts={"h1": {"deployer_result": dict(r, restarted=True)}}), True, "up") == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["event"] == "result" and line["ok"] and line["hosts"]["h1"]["release"] == "abc123"
+
+
+def test_no_host_matched_is_never_success(capsys):
+    assert result([], processed=()).exit_code() == runner.Exit.USAGE
+    assert deploy.report(result([], processed=()), False, "up") == runner.Exit.USAGE
+    assert "no host matched" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Roles and modules follow their conventions; the playbook parses."""
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,9 @@ import yaml
 from helpers import ROOT
 
 ROLES = sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir())
+WITH_DEFAULTS = [r for r in ROLES if (r / "defaults/main.yml").exists()]
+# A role's own variables start with its prefix; deployer_* are the shared settings (deployer).
+PREFIX = {r.name: ("deployer" if r.name == "deployer" else r.name) for r in ROLES}
 MODULES = sorted((ROOT / "deployer/ansible_plugins/modules").glob("*.py"))
 MODULES = [m for m in MODULES if m.name != "__init__.py"]
 UNITS = ("_seconds", "_gib", "_mib", "_bytes")
@@ -21,13 +25,12 @@ def test_argument_specs_match_defaults():
     assert r.returncode == 0, r.stdout
 
 
-@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("role", WITH_DEFAULTS, ids=lambda p: p.name)
 def test_role_variables_are_prefixed_and_documented(role):
     text = (role / "defaults/main.yml").read_text()
     data = yaml.safe_load(text) or {}
-    prefix = role.name.split("_")[0] if role.name != "deployer_common" else "deployer"
     for name in data:
-        assert name.startswith(prefix + "_") or name.startswith(role.name + "_"), f"{role.name}: {name} not prefixed"
+        assert name.startswith(PREFIX[role.name] + "_"), f"{role.name}: {name} not prefixed"
         i = text.index(f"\n{name}:")
         assert text[:i].rstrip().splitlines()[-1].lstrip().startswith("#"), f"{name} has no comment above it"
         if any(w in name for w in ("timeout", "budget", "delay", "disk", "memory")):
@@ -51,3 +54,30 @@ def test_playbook_syntax():
                         "-i", str(ROOT / "inventory/example/hosts.yml"), str(ROOT / "playbooks/up.yml")],
                        capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _filters_and_modules():
+    names = {m.stem for m in MODULES}
+    text = (ROOT / "deployer/ansible_plugins/filter_plugins/deployer_filters.py").read_text()
+    names |= set(re.findall(r'"(\w+)": ', text))
+    return names
+
+
+@pytest.mark.parametrize("role", [r for r in ROLES if r.name not in ("deployer", "stage")], ids=lambda p: p.name)
+def test_no_role_reads_another_roles_variables(role):
+    """A role reads the shared settings (deployer_*), its own variables and the inputs the playbook wires in
+    (meta/inputs.yml) - never another role's defaults, facts or registers, nor the old private _deployer_* facts."""
+    others = [PREFIX[r.name] for r in ROLES if r.name not in (role.name, "deployer")]
+    allowed = _filters_and_modules()
+    files = list((role / "tasks").glob("*.yml"))
+    if (role / "templates").exists():
+        files += list((role / "templates").glob("*.j2"))
+    bad = set()
+    for f in files:
+        # quoted words are strings (manifest keys), not variables
+        for tok in re.findall(r"(?<![\w'\"])_{0,2}[a-z][a-z0-9_]*\b(?!['\"])", f.read_text()):
+            name = tok.lstrip("_")
+            if tok.startswith("_deployer_") or (name not in allowed and any(
+                    name.startswith(p + "_") and not name.startswith(PREFIX[role.name] + "_") for p in others)):
+                bad.add(f"{f.relative_to(ROOT)}: {tok}")
+    assert not bad, sorted(bad)

@@ -38,6 +38,21 @@ def test_lock_unreachable_and_facts():
                 ev("playbook_on_stats", processed={"h9": 1}))
     assert r.unreachable == ["h9"] and r.exit_code() == runner.Exit.UNREACHABLE
     assert "Host key verification failed" in r.failures[0].msg
-    r = collect(ev("runner_on_ok", host="h1", res={"ansible_facts": {"_deployer_release_id": "abc", "other": 1}}),
+    result = {"outcome": "ok", "exit_class": "ok", "release": "abc"}
+    r = collect(ev("runner_on_ok", host="h1", res={"ansible_facts": {"deployer_result": result, "other": 1}}),
                 ev("playbook_on_stats", processed={"h1": 1}))
-    assert r.facts == {"h1": {"_deployer_release_id": "abc"}} and r.exit_code() == runner.Exit.OK
+    assert r.facts == {"h1": {"deployer_result": result}} and r.exit_code() == runner.Exit.OK
+
+
+def test_exit_code_comes_from_the_playbooks_result():
+    """The CLI knows no role names: each host's deployer_result says which class of failure it was."""
+    def run(*classes):
+        evs = [ev("runner_on_failed", host=f"h{i}", task="Fail with the reason.", res={"msg": "x"})
+               for i, c in enumerate(classes) if c != "ok"]
+        evs += [ev("runner_on_ok", host=f"h{i}", res={"ansible_facts": {"deployer_result": {"exit_class": c}}})
+                for i, c in enumerate(classes)]
+        return collect(*evs, ev("playbook_on_stats", processed={f"h{i}": 1 for i in range(len(classes))}))
+    assert run("preflight").exit_code() == runner.Exit.PREFLIGHT
+    assert run("verify").exit_code() == runner.Exit.VERIFY
+    assert run("ok", "preflight", "failed").exit_code() == runner.Exit.FAILED   # the worst class wins
+    assert run("locked").exit_code() == runner.Exit.LOCKED

@@ -70,7 +70,7 @@ def test_schedule_add_refuses_secrets(tmp_path):
     import sys
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"))
     r = subprocess.run([sys.executable, "-m", "deployer.cli", "schedule", "add", "--host", "192.0.2.1", "--at", "03:00",
-                        "-e", "render_api_key=sekrit"], capture_output=True, text=True, env=env)
+                        "-e", "deployer_api_key=sekrit"], capture_output=True, text=True, env=env)
     assert r.returncode == 2
     assert "secrets are not stored in schedules" in " ".join(r.stderr.split()) and "sekrit" not in r.stderr
     assert not (tmp_path / "cfg" / "deployer" / "schedules.json").exists()      # nothing installed or saved

@@ -6,8 +6,6 @@ have this package installed: the repository that holds this file is put on ``sys
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -16,7 +14,9 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from deployer import drafter, serve  # noqa: E402
+from ansible.errors import AnsibleFilterError  # noqa: E402
+
+from deployer import drafter, plan, serve  # noqa: E402
 from deployer.ansible_plugins.module_utils import vllm_logs  # noqa: E402
 
 
@@ -42,9 +42,16 @@ def version_tuple(v):
     return out
 
 
-def content_hash(value, length=12):
-    """Stable short hash of any JSON-able value (release ids, env hashes)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:length]
+def deployer_plan(settings, drafter_manifest=None):
+    """The whole deploy plan for one host (deployer.plan.make_plan); errors name setting, value, expectation."""
+    try:
+        return plan.make_plan(settings, drafter_manifest or None)
+    except plan.PlanError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
+def release_id(the_plan, patch_fingerprint=None):
+    return plan.release_id(the_plan, patch_fingerprint)
 
 
 def drafter_manifest(src_dir):
@@ -55,13 +62,13 @@ def drafter_manifest(src_dir):
 class FilterModule(object):
     def filters(self):
         return {
-            "vllm_serve_argv": serve.build_serve_argv,
-            "systemd_exec_quote": serve.systemd_exec_quote,
+            "deployer_plan": deployer_plan,
+            "release_id": release_id,
             "systemd_exec_start": serve.exec_start,
             "systemd_env_quote": serve.systemd_env_quote,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
-            "content_hash": content_hash,
+            "content_hash": plan.content_hash,
             "drafter_manifest": drafter_manifest,
             "spec_decode_stats": vllm_logs.spec_decode_stats,
             "spec_decode_delta": vllm_logs.spec_decode_delta,

@@ -382,30 +382,119 @@ def _proposer_rel(root):
     return None
 
 
-def plan_from_sources(root):
-    """Detect which of P1-P5 the source under ``root`` (the ``vllm`` package dir) needs."""
-    version = _vllm_version(root)
-    if not os.path.exists(os.path.join(root, F_K25)):
+class _Ctx(object):
+    """What the detect/edit pairs share: the vLLM source files read once, and the classes found."""
+
+    def __init__(self, root, version):
+        self.root, self.version, self.srcs, self.native = root, version, {}, []
+
+    def src(self, rel):
+        if rel not in self.srcs:
+            self.srcs[rel] = _Src(rel, _read(self.root, rel))
+        return self.srcs[rel]
+
+
+def _class(ctx, rel, name):
+    cls = _find_class(ctx.src(rel).tree, name)
+    if cls is None:
+        raise PatchError("vLLM %s: class %s not found in %s" % (ctx.version, name, rel))
+    return cls
+
+
+# Each patch: detect(ctx) -> (already present?, what edit needs); edit(ctx, that).
+def _p1_detect(ctx):
+    _cls, init, fwd, native = _detect_p1(ctx.src(F_DSV2))
+    return native, (init, fwd)
+
+
+def _p1_edit(ctx, d):
+    _edit_p1(ctx.src(F_DSV2), *d)
+
+
+def _p2_detect(ctx):
+    dcls = _class(ctx, F_DSV2, "DeepseekV2ForCausalLM")
+    return "SupportsEagle3" in _base_names(dcls), dcls
+
+
+def _p2_edit(ctx, dcls):
+    dsv2 = ctx.src(F_DSV2)
+    if "P1" in ctx.native and not _mentions_attr(dsv2.tree, "aux_hidden_state_layers"):
+        raise PatchError("%s: inconsistent source (P1 present, no aux_hidden_state_layers)" % F_DSV2)
+    _add_bases(dsv2, dcls, ["SupportsEagle3"])
+    _add_import_names(dsv2, "interfaces", "SupportsEagle", ["SupportsEagle3"])
+    _append_to_class(dsv2, dcls, P2_METHODS)
+
+
+def _p3_detect(ctx):
+    kcls = _class(ctx, F_K25, "KimiK25ForConditionalGeneration")
+    return "SupportsEagle3" in _base_names(kcls), kcls
+
+
+def _p3_edit(ctx, kcls):
+    k25 = ctx.src(F_K25)
+    _add_bases(k25, kcls, ["SupportsEagle", "SupportsEagle3"])
+    _add_import_names(k25, "interfaces", "SupportsPP", ["SupportsEagle", "SupportsEagle3"])
+    _append_to_class(k25, kcls, P3_METHODS)
+
+
+def _p4_detect(ctx):
+    allow = _find_allow_list(ctx.src(F_SPEC))   # absent from 0.22.0 on: nothing to do
+    missing = _allow_list_missing(allow) if allow is not None else []
+    return not missing, (allow, missing)
+
+
+def _p4_edit(ctx, d):
+    allow, missing = d
+    spec = ctx.src(F_SPEC)
+    spec.insert(spec.node_end(allow.value.elts[-1]), "".join(', "%s"' % m for m in missing))
+
+
+def _p5_detect(ctx):
+    prel = _proposer_rel(ctx.root)
+    if prel is None:
+        raise PatchError("vLLM %s: EAGLE proposer (%s) not recognised" % (ctx.version, " or ".join(PROPOSER_FILES)))
+    return "media_placeholder_token_id" in ctx.src(prel).text, prel
+
+
+def _p5_edit(ctx, prel):
+    prop = ctx.src(prel)
+    node = _find_p5_if(prop)
+    if node is None:
+        raise PatchError("%s: no 'else: ... image_token_index = target_model.config.image_token_index' branch" % prel)
+    # the `else:` line is the last line before the else body that reads 'else:'
+    else_line = node.orelse[0].lineno - 1
+    while else_line > node.lineno and prop.lines[else_line - 1].strip() != "else:":
+        else_line -= 1
+    if prop.lines[else_line - 1].strip() != "else:":
+        raise PatchError("%s: could not locate the 'else:' of the image-token branch" % prel)
+    line = prop.lines[else_line - 1]
+    ind = line[: len(line) - len(line.lstrip())]
+    prop.insert(prop.line_start(else_line), (
+        '{i}elif self.get_model_name(target_model) == "KimiK25ForConditionalGeneration":\n'
+        "{i}    self.model.config.image_token_index = (\n"
+        "{i}        target_model.config.media_placeholder_token_id\n"
+        "{i}    )\n").format(i=ind))
+
+
+PATCHES = (
+    ("P1", PATCH_TITLES["P1"], _p1_detect, _p1_edit),
+    ("P2", PATCH_TITLES["P2"], _p2_detect, _p2_edit),
+    ("P3", PATCH_TITLES["P3"], _p3_detect, _p3_edit),
+    ("P4", PATCH_TITLES["P4"], _p4_detect, _p4_edit),
+    ("P5", PATCH_TITLES["P5"], _p5_detect, _p5_edit),
+)
+
+
+def _refuse_unusable(ctx):
+    """vLLM versions the patches cannot help: no Kimi-K2.5 at all, or the 0.15.x wrapper layout."""
+    if not os.path.exists(os.path.join(ctx.root, F_K25)):
         raise PatchError(
             "vLLM %s cannot serve Kimi-K2.5: %s does not exist (KimiK25ForConditionalGeneration was added in 0.15.0; "
-            "EAGLE-3 needs >= 0.16.0 with patches, >= 0.18.0 natively)" % (version, F_K25))
+            "EAGLE-3 needs >= 0.16.0 with patches, >= 0.18.0 natively)" % (ctx.version, F_K25))
     for rel in (F_DSV2, F_SPEC):
-        if not os.path.exists(os.path.join(root, rel)):
-            raise PatchError("vLLM %s: %s missing; layout not recognised" % (version, rel))
-    plan = Plan(root, version)
-    srcs = {}
-
-    def src_of(rel):
-        if rel not in srcs:
-            srcs[rel] = _Src(rel, _read(root, rel))
-        return srcs[rel]
-
-    # P3 first: it decides whether this vLLM is usable at all
-    k25 = src_of(F_K25)
-    kcls = _find_class(k25.tree, "KimiK25ForConditionalGeneration")
-    if kcls is None:
-        raise PatchError("vLLM %s: class KimiK25ForConditionalGeneration not found in %s" % (version, F_K25))
-    kinit = _find_method(kcls, "__init__")
+        if not os.path.exists(os.path.join(ctx.root, rel)):
+            raise PatchError("vLLM %s: %s missing; layout not recognised" % (ctx.version, rel))
+    kinit = _find_method(_class(ctx, F_K25, "KimiK25ForConditionalGeneration"), "__init__")
     for node in ast.walk(kinit) if kinit else []:
         if (isinstance(node, ast.Assign) and any(_is_self_attr(t, "language_model") for t in node.targets)
                 and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
@@ -413,69 +502,23 @@ def plan_from_sources(root):
             raise PatchError(
                 "vLLM %s is not supported: KimiK25ForConditionalGeneration.language_model is a bare DeepseekV2Model "
                 "with its own lm_head (0.15.x layout); the EAGLE proposer cannot find embed_tokens/lm_head there. "
-                "Use vLLM >= 0.16.0 (patched) or >= 0.18.0 (native)." % version)
+                "Use vLLM >= 0.16.0 (patched) or >= 0.18.0 (native)." % ctx.version)
 
-    # P1 / P2: inner model
-    dsv2 = src_of(F_DSV2)
-    _cls, p1_init, p1_fwd, p1_native = _detect_p1(dsv2)
-    (plan.native if p1_native else plan.needed).append("P1")
-    dcls = _find_class(dsv2.tree, "DeepseekV2ForCausalLM")
-    if dcls is None:
-        raise PatchError("%s: class DeepseekV2ForCausalLM not found" % F_DSV2)
-    p2_native = "SupportsEagle3" in _base_names(dcls)
-    (plan.native if p2_native else plan.needed).append("P2")
-    p3_native = "SupportsEagle3" in _base_names(kcls)
-    (plan.native if p3_native else plan.needed).append("P3")
 
-    # P4: allow-list (absent from 0.22.0 on: nothing to do)
-    spec = src_of(F_SPEC)
-    allow = _find_allow_list(spec)
-    p4_missing = _allow_list_missing(allow) if allow is not None else []
-    (plan.needed if p4_missing else plan.native).append("P4")
-
-    # P5: proposer image-token branch
-    prel = _proposer_rel(root)
-    if prel is None:
-        raise PatchError("vLLM %s: EAGLE proposer (%s) not recognised" % (version, " or ".join(PROPOSER_FILES)))
-    prop = src_of(prel)
-    p5_native = "media_placeholder_token_id" in prop.text
-    (plan.native if p5_native else plan.needed).append("P5")
-
-    if "P1" in plan.needed:
-        _edit_p1(dsv2, p1_init, p1_fwd)
-    if "P2" in plan.needed:
-        if p1_native and not _mentions_attr(dsv2.tree, "aux_hidden_state_layers"):
-            raise PatchError("%s: inconsistent source (P1 present, no aux_hidden_state_layers)" % F_DSV2)
-        _add_bases(dsv2, dcls, ["SupportsEagle3"])
-        _add_import_names(dsv2, "interfaces", "SupportsEagle", ["SupportsEagle3"])
-        _append_to_class(dsv2, dcls, P2_METHODS)
-    if "P3" in plan.needed:
-        _add_bases(k25, kcls, ["SupportsEagle", "SupportsEagle3"])
-        _add_import_names(k25, "interfaces", "SupportsPP", ["SupportsEagle", "SupportsEagle3"])
-        _append_to_class(k25, kcls, P3_METHODS)
-    if "P4" in plan.needed:
-        spec.insert(spec.node_end(allow.value.elts[-1]),
-                    "".join(', "%s"' % m for m in p4_missing))
-    if "P5" in plan.needed:
-        node = _find_p5_if(prop)
-        if node is None:
-            raise PatchError("%s: no 'else: ... image_token_index = target_model.config.image_token_index' branch"
-                             % prel)
-        els = node.orelse[0]
-        # the `else:` line is the last line before the else body that reads 'else:'
-        else_line = els.lineno - 1
-        while else_line > node.lineno and prop.lines[else_line - 1].strip() != "else:":
-            else_line -= 1
-        if prop.lines[else_line - 1].strip() != "else:":
-            raise PatchError("%s: could not locate the 'else:' of the image-token branch" % prel)
-        ind = prop.lines[else_line - 1][: len(prop.lines[else_line - 1]) - len(prop.lines[else_line - 1].lstrip())]
-        prop.insert(prop.line_start(else_line), (
-            '{i}elif self.get_model_name(target_model) == "KimiK25ForConditionalGeneration":\n'
-            "{i}    self.model.config.image_token_index = (\n"
-            "{i}        target_model.config.media_placeholder_token_id\n"
-            "{i}    )\n").format(i=ind))
-
-    for rel, src in srcs.items():
+def plan_from_sources(root):
+    """Detect which of P1-P5 the source under ``root`` (the ``vllm`` package dir) needs, and make the edits."""
+    ctx = _Ctx(root, _vllm_version(root))
+    _refuse_unusable(ctx)
+    plan = Plan(root, ctx.version)
+    found = {}
+    for pid, _title, detect, _edit in PATCHES:
+        present, found[pid] = detect(ctx)
+        (plan.native if present else plan.needed).append(pid)
+    ctx.native = plan.native
+    for pid, _title, _detect, edit in PATCHES:
+        if pid in plan.needed:
+            edit(ctx, found[pid])
+    for rel, src in ctx.srcs.items():
         if src.edits:
             after = src.result()
             try:

@@ -48,3 +48,81 @@ def plan_prune(releases, keep, protected_ids):
         if r["id"] not in kept:
             kept.append(r["id"])
     return sorted(r["id"] for r in releases if r["id"] not in kept)
+
+
+SUMMARY_KEYS = ("id", "vllm_version", "patch_fingerprint", "drafter_tree_sha256", "result", "deployed_at",
+                "created_at", "user", "controller", "phase_seconds", "load_seconds", "acceptance_rate",
+                "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform")
+
+
+def _link(root, name):
+    p = os.path.join(root, name)
+    return os.path.basename(os.path.realpath(p)) if os.path.islink(p) else None
+
+
+def _sha256_file(path):
+    import hashlib
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def release_needs(manifest):
+    """Files a release needs to run without reinstalling anything (venv and drafter completion markers)."""
+    need = []
+    if manifest.get("venv"):
+        need.append(os.path.join(manifest["venv"], ".deployer-installed"))
+    if manifest.get("drafter_dir"):
+        need.append(os.path.join(manifest["drafter_dir"], ".deployer-complete"))
+    return need
+
+
+def host_state(root, service, target=None, want_secrets=False):
+    """Everything the deployer reads back from a host, in one call: releases (summaries, newest first),
+    ``current``/``previous``, the lock holder, the live release's manifest, the checksum of the unit
+    systemd runs now, and optionally one ``target`` release ("" = previous) with what it still needs."""
+    try:
+        from ansible.module_utils import envfile  # on the host (Ansible ships module_utils with the module)
+    except ImportError:
+        from deployer.ansible_plugins.module_utils import envfile  # on the controller (tests)
+    rels_dir = os.path.join(root, "releases")
+    releases = []
+    try:
+        names = sorted(os.listdir(rels_dir))
+    except OSError:
+        names = []
+    for name in names:
+        d = os.path.join(rels_dir, name)
+        if os.path.isdir(d) and not name.startswith("."):
+            r = read_release(d)
+            r["id"] = name
+            releases.append({k: r.get(k) for k in SUMMARY_KEYS})
+    releases.sort(key=order_key, reverse=True)
+    lock = None
+    try:
+        with open(os.path.join(root, ".lock", "holder.json")) as f:
+            lock = json.load(f)
+        lock.pop("token", None)
+    except (OSError, ValueError):
+        pass
+    current, previous = _link(root, "current"), _link(root, "previous")
+    out = {"root": root, "releases": releases, "current": current, "previous": previous, "lock": lock,
+           "live": read_release(os.path.join(rels_dir, current)) if current else None,
+           "unit_sha256": _sha256_file("/etc/systemd/system/%s.service" % service)}
+    if target is not None:
+        tid = target or previous
+        t = {"id": tid, "found": False, "missing": [], "dir": os.path.join(rels_dir, tid) if tid else None}
+        if tid and os.path.isfile(os.path.join(rels_dir, tid, "release.json")):
+            m = read_release(t["dir"])
+            t.update(found=True, manifest=m, missing=[p for p in release_needs(m) if not os.path.exists(p)])
+            if want_secrets:
+                try:
+                    with open(os.path.join(t["dir"], "vllm.env")) as f:
+                        env = envfile.parse(f.read())
+                except OSError:
+                    env = {}
+                t["api_key"] = env.get("VLLM_API_KEY", "")
+        out["target"] = t
+    return out

@@ -122,78 +122,11 @@ class LoadState(object):
         for rx in WARN:
             if rx.search(line) and line not in self.warnings:
                 self.warnings.append(line)
-        m = RX["start"].search(line)
-        if m:
-            self.facts["model"] = m.group(1)
-            self._enter("starting", t)
-            return
-        m = RX["shards"].search(line)
-        if m:
-            # the drafter's own shard bar comes after "Loading drafter model"
-            phase = "drafter" if self.phase == "drafter" else "weights"
-            self._enter(phase, t)
-            self.progress = (int(m.group(2)), int(m.group(3)))
-            self.last_progress_t = t
-            return
-        m = RX["weights_took"].search(line)
-        if m:
-            key = "drafter_weights_seconds" if self.phase == "drafter" else "weights_seconds"
-            self.facts[key] = float(m.group(1))
-            self.last_progress_t = t
-            return
-        if RX["drafter"].search(line):
-            self._enter("drafter", t)
-            return
-        m = RX["model_took"].search(line)
-        if m:
-            self.facts["model_gib"] = float(m.group(1))
-            self.facts["model_load_seconds"] = float(m.group(2))
-            self.last_progress_t = t
-            return
-        if RX["compile_hit"].search(line):
-            self._enter("compile", t)
-            self.facts["compile_cache"] = "hit"
-            return
-        m = RX["compile_miss"].search(line)
-        if m:
-            self._enter("compile", t)
-            self.facts["compile_cache"] = "miss"
-            return
-        m = RX["compile"].search(line)
-        if m:
-            self._enter("compile", t)
-            if m.group(1):
-                self.facts["compile_seconds"] = float(m.group(1))
-            return
-        m = RX["kv"].search(line)
-        if m:
-            self._enter("kv_cache", t)
-            if m.group(1):
-                self.facts["kv_cache_tokens"] = int(m.group(1).replace(",", ""))
-            return
-        m = RX["graphs"].search(line)
-        if m:
-            self._enter("graphs", t)
-            self.progress = (int(m.group(3)), int(m.group(4)))
-            self.facts["graph_mode"] = m.group(1)
-            self.last_progress_t = t
-            return
-        m = RX["graphs_done"].search(line)
-        if m:
-            self.facts["graphs_seconds"] = float(m.group(1))
-            self.last_progress_t = t
-            return
-        m = RX["engine"].search(line)
-        if m:
-            self.facts["engine_init_seconds"] = float(m.group(1))
-            self._enter("api", t)
-            return
-        if RX["api"].search(line):
-            self._enter("api", t)
-            return
-        if RX["ready"].search(line):
-            self._enter("ready", t)
-            return
+        for key, action in RULES:
+            m = RX[key].search(line)
+            if m:
+                action(self, m, t)
+                return
         self._spec_line(line)
 
     def _spec_line(self, line):
@@ -232,6 +165,94 @@ class LoadState(object):
             "facts": dict(self.facts),
             "phase_seconds": self.phase_durations(now),
         }
+
+
+# ------------------------------------------------------------------ the phase rules, in order
+def _fact(name, group=1, conv=float):
+    def f(st, m, t):
+        if m.group(group):
+            st.facts[name] = conv(m.group(group).replace(",", ""))
+    return f
+
+
+def _r_start(st, m, t):
+    st.facts["model"] = m.group(1)
+    st._enter("starting", t)
+
+
+def _r_shards(st, m, t):
+    # the drafter's own shard bar comes after "Loading drafter model"
+    st._enter("drafter" if st.phase == "drafter" else "weights", t)
+    st.progress = (int(m.group(2)), int(m.group(3)))
+    st.last_progress_t = t
+
+
+def _r_weights_took(st, m, t):
+    st.facts["drafter_weights_seconds" if st.phase == "drafter" else "weights_seconds"] = float(m.group(1))
+    st.last_progress_t = t
+
+
+def _r_model_took(st, m, t):
+    st.facts["model_gib"] = float(m.group(1))
+    st.facts["model_load_seconds"] = float(m.group(2))
+    st.last_progress_t = t
+
+
+def _r_compile_cache(value):
+    def f(st, m, t):
+        st._enter("compile", t)
+        st.facts["compile_cache"] = value
+    return f
+
+
+def _r_compile(st, m, t):
+    st._enter("compile", t)
+    _fact("compile_seconds")(st, m, t)
+
+
+def _r_kv(st, m, t):
+    st._enter("kv_cache", t)
+    _fact("kv_cache_tokens", 1, int)(st, m, t)
+
+
+def _r_graphs(st, m, t):
+    st._enter("graphs", t)
+    st.progress = (int(m.group(3)), int(m.group(4)))
+    st.facts["graph_mode"] = m.group(1)
+    st.last_progress_t = t
+
+
+def _r_graphs_done(st, m, t):
+    st.facts["graphs_seconds"] = float(m.group(1))
+    st.last_progress_t = t
+
+
+def _r_engine(st, m, t):
+    st.facts["engine_init_seconds"] = float(m.group(1))
+    st._enter("api", t)
+
+
+def _enter(phase):
+    return lambda st, m, t: st._enter(phase, t)
+
+
+# (RX key, action): the first rule whose pattern matches a line acts on it.
+RULES = (
+    ("start", _r_start),
+    ("shards", _r_shards),
+    ("weights_took", _r_weights_took),
+    ("drafter", _enter("drafter")),
+    ("model_took", _r_model_took),
+    ("compile_hit", _r_compile_cache("hit")),
+    ("compile_miss", _r_compile_cache("miss")),
+    ("compile", _r_compile),
+    ("kv", _r_kv),
+    ("graphs", _r_graphs),
+    ("graphs_done", _r_graphs_done),
+    ("engine", _r_engine),
+    ("api", _enter("api")),
+    ("ready", _enter("ready")),
+)
 
 
 def eta_seconds(phase, elapsed_in_phase, previous):

@@ -1,0 +1,107 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: deployer_state
+short_description: Read everything the deployer keeps on a host, in one round trip
+description:
+  - Returns the releases (newest first), which one is C(current) and C(previous), the deploy lock's holder,
+    the live release's manifest and the checksum of the unit systemd runs now.
+  - With I(target), also one release (empty string = C(previous)) and the files it still needs
+    (venv and drafter completion markers); with I(want_secrets), that release's API key, read back from
+    its environment file by the same code that writes it (module_utils C(envfile)).
+  - Only reads.
+options:
+  root:
+    description: The deploy root (C(deployer_root)).
+    type: path
+    required: true
+  service:
+    description: The systemd unit name of the server.
+    type: str
+    required: true
+  target:
+    description: A release id to describe as C(target); an empty string means C(previous).
+    type: str
+  want_secrets:
+    description: Also return the target release's API key (use C(no_log) on the task).
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    description: Only reads; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Returns no diff.
+author:
+  - deployer maintainers (@deployer)
+"""
+
+EXAMPLES = r"""
+- name: Read the host's releases, links, lock and live release
+  deployer_state:
+    root: /opt/deployer
+    service: deployer-vllm
+  register: host
+
+- name: Read the rollback target (the previous release) with its API key
+  deployer_state:
+    root: /opt/deployer
+    service: deployer-vllm
+    target: ""
+    want_secrets: true
+  register: host
+  no_log: true
+"""
+
+RETURN = r"""
+releases:
+  description: Release summaries, newest first.
+  returned: always
+  type: list
+  elements: dict
+current:
+  description: Id of the live release, or null.
+  returned: always
+  type: str
+previous:
+  description: Id of the release before it (the rollback target), or null.
+  returned: always
+  type: str
+lock:
+  description: The deploy lock's holder (user, controller, pid, command, since), or null.
+  returned: always
+  type: dict
+live:
+  description: The live release's manifest, or null.
+  returned: always
+  type: dict
+unit_sha256:
+  description: sha256 of the unit file systemd runs now, or null.
+  returned: always
+  type: str
+target:
+  description: The release asked for with I(target) (id, found, dir, manifest, missing, api_key).
+  returned: when target is given
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.releases import host_state
+
+
+def main():
+    m = AnsibleModule(argument_spec=dict(root=dict(type="path", required=True),
+                                         service=dict(type="str", required=True),
+                                         target=dict(type="str"),
+                                         want_secrets=dict(type="bool", default=False)),
+                      supports_check_mode=True)
+    p = m.params
+    m.exit_json(changed=False, **host_state(p["root"], p["service"], p["target"], p["want_secrets"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+from deployer.cli import main
+
+main()

@@ -1,0 +1,135 @@
+"""Commands that act on hosts through the playbooks: up, rollback, watch, unlock; and the final report."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from deployer import runner
+from deployer.cli.targets import (
+    Extra,
+    Host,
+    Inventory,
+    Json,
+    Key,
+    Limit,
+    Port,
+    Sandbox,
+    Target,
+    TrustNew,
+    User,
+    parse_extra,
+)
+from deployer.output import Display, err, out
+from deployer.runner import Exit
+
+
+def lock_note(holder: dict) -> str:
+    """Stale or live?  Only the controller that took the lock can tell whether its process is gone."""
+    if not holder:
+        return ""
+    if holder.get("controller") == socket.gethostname():
+        try:
+            os.kill(int(holder.get("pid", 0)), 0)
+            return "held by a live deploy on this machine; wait for it"
+        except (ProcessLookupError, ValueError):
+            return "STALE: its process is gone; `deployer unlock` removes it"
+        except PermissionError:
+            return "held by a live process of another user"
+    return f"held from {holder.get('controller')}; if that run died, `deployer unlock` removes it"
+
+
+def report(res: runner.Result, as_json: bool, what: str) -> int:
+    """Print the outcome (human or one JSON line) and return the exit code."""
+    code = res.exit_code()
+    for f in res.failures:
+        if f.res.get("locked"):
+            f.res["lock_state"] = lock_note(f.res.get("holder") or {})
+            f.msg = f"{f.msg}\n{f.res['lock_state']}"
+    results = {h: f.get("deployer_result") for h, f in res.facts.items() if f.get("deployer_result")}
+    if as_json:
+        sys.stdout.write(json.dumps({"event": "result", "command": what, "ok": code == Exit.OK, "exit_code": int(code),
+                                     "failures": [f.__dict__ for f in res.failures], "hosts": results,
+                                     "processed": sorted(res.processed())}, default=str) + "\n")
+        return int(code)
+    for f in res.failures:
+        err.print(f"[bold red]{f.host}: {f.role or 'play'} / {f.task}[/]", highlight=False)
+        err.out(f.msg, highlight=False)
+    if code == Exit.OK:
+        for h, r in sorted(results.items()):
+            state = ("unchanged, nothing restarted" if r.get("release_was_live") and not r.get("restarted")
+                     else "deployed")
+            acc = (f"; EAGLE-3 acceptance rate {r['acceptance_rate']}, mean acceptance length "
+                   f"{r.get('mean_acceptance_length')}") if r.get("acceptance_rate") is not None else ""
+            out.print(f"[bold green]{h}[/]: release {r.get('release') or '?'} {state}{acc}")
+    if not res.processed():
+        err.print("[bold red]no host matched[/] (check the inventory, the 'gpu' group and --limit)")
+    if code != Exit.OK:
+        err.print(f"[bold red]{what} failed[/] (exit {int(code)}: {code.name.lower()})")
+    return int(code)
+
+
+def up(
+    host: Host = None, port: Port = 22, user: User = "root", key: Key = None, trust_new_host: TrustNew = False,
+    inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
+    check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show file differences (secrets never shown).")] = False,
+    extra: Extra = None,
+    serial: Annotated[int, typer.Option("--serial", help="Rolling deploy: N hosts at a time, stop at the first "
+                                                         "failure.")] = 0,
+    no_rollback: Annotated[bool, typer.Option("--no-rollback", help="Leave a failed release in place for "
+                                                                     "debugging.")] = False,
+    if_changed: Annotated[bool, typer.Option("--if-changed", help="Do nothing when the desired release is already "
+                                                                   "live.")] = False,
+    as_json: Json = False,
+    verbose: Annotated[int, typer.Option("-v", count=True, help="Show tasks (-v) and Ansible's detail (-vv...).")] = 0,
+):
+    """Deploy (or converge) vLLM + EAGLE-3.  Exit 0 only when the server answered the smoke test."""
+    ev = parse_extra(extra or [])
+    ev["deployer_run_pid"] = os.getpid()
+    if if_changed:
+        ev["deployer_if_changed"] = True
+    if serial:
+        ev["deployer_serial"] = serial
+    if no_rollback:
+        ev["deployer_rollback_enabled"] = False
+    t = Target(host, port, user, key, inventory, sandbox, limit, trust_new_host)
+    res = runner.run("up.yml", t.inventory_path(), ev, limit=limit, check=check, diff=diff,
+                     on_event=Display(as_json, verbose), verbosity=verbose)
+    raise typer.Exit(report(res, as_json, "up"))
+
+
+def rollback(
+    to: Annotated[Optional[str], typer.Option("--to", help="Release id (default: the one before the live one).")] = None,
+    host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
+    inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
+    extra: Extra = None,
+    as_json: Json = False,
+):
+    """Go back to the previous (or a named) release without reinstalling: flip, restart, watch, smoke."""
+    ev = parse_extra(extra or [])
+    ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": to or ""})
+    t = Target(host, port, user, key, inventory, sandbox, limit)
+    res = runner.run("rollback.yml", t.inventory_path(), ev, limit=limit, on_event=Display(as_json))
+    raise typer.Exit(report(res, as_json, "rollback"))
+
+
+def watch(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
+          inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
+          extra: Extra = None, as_json: Json = False):
+    """Follow a load under way (phase, progress, ETA) until the server is ready or dies; changes nothing."""
+    t = Target(host, port, user, key, inventory, sandbox, limit)
+    res = runner.run("watch.yml", t.inventory_path(), parse_extra(extra or []), limit=limit, on_event=Display(as_json))
+    raise typer.Exit(report(res, as_json, "watch"))
+
+
+def unlock(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
+           inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None):
+    """Remove a host's deploy lock (after checking `deployer releases` shows who holds it)."""
+    t = Target(host, port, user, key, inventory, sandbox, limit)
+    res = runner.run("unlock.yml", t.inventory_path(), {}, limit=limit, on_event=Display(False))
+    raise typer.Exit(report(res, False, "unlock"))

@@ -1,0 +1,42 @@
+"""deployer sandbox start|stop|status: the embedded sandbox GPU hosts (deployer/sandbox/)."""
+from __future__ import annotations
+
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from deployer.cli.targets import die
+from deployer.output import out
+from deployer.runner import Exit
+
+app = typer.Typer(no_args_is_help=True, help="The embedded sandbox GPU host (real sshd + systemd, simulated GPUs).")
+
+
+@app.command("start")
+def start(hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=20, help="How many sandbox hosts.")] = 1):
+    """Start N sandbox hosts (sbx1..sbxN) and write their inventory."""
+    from deployer.sandbox import hosts as sb
+    t0 = time.time()
+    try:
+        started = sb.start(hosts)
+    except sb.SandboxError as e:
+        die(Exit.FAILED, str(e))
+    for h in started:
+        out.print(f"{h.name} {h.ip} up (ssh -F {sb.STATE}/ssh_config {h.name})")
+    out.print(f"inventory: {sb.STATE}/inventory.yml  ({time.time() - t0:.1f} s)")
+
+
+@app.command("stop")
+def stop(name: Annotated[Optional[list[str]], typer.Argument(help="Hosts to stop (default: all).")] = None):
+    """Stop sandbox hosts and delete their state."""
+    from deployer.sandbox import hosts as sb
+    out.print("stopped: " + (", ".join(sb.stop(name or None)) or "nothing"))
+
+
+@app.command("status")
+def status():
+    """Which sandbox hosts run."""
+    from deployer.sandbox import hosts as sb
+    for s in sb.status():
+        out.print(f"{s['name']} {s['ip']} {'running' if s['running'] else 'stopped'}")

@@ -1,0 +1,83 @@
+"""deployer schedule add|list|remove|run: the CLI over deployer/schedule.py."""
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from dataclasses import asdict
+from typing import Annotated, Optional
+
+import typer
+
+from deployer import schedule as sc
+from deployer.cli.targets import SECRET_ENV, Extra, Host, Inventory, Json, Key, Port, Sandbox, Target, User, die
+from deployer.output import out
+from deployer.runner import Exit
+
+app = typer.Typer(no_args_is_help=True, help="Scheduled redeploys (systemd timer, or cron without systemd).")
+
+
+def _get(sid: str) -> tuple[dict, sc.Schedule]:
+    items = sc.load()
+    if sid not in items:
+        die(Exit.USAGE, f"no schedule {sid!r} (see `deployer schedule list`)")
+    return items, items[sid]
+
+
+@app.command("add")
+def add(
+    at: Annotated[str, typer.Option("--at", help="'Sun 03:00', 'Mon,Thu 02:30', 'daily 03:00'.")],
+    host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
+    inventory: Inventory = None, sandbox: Sandbox = False,
+    if_changed: Annotated[bool, typer.Option("--if-changed", help="Redeploy only when the desired release "
+                                                                   "differs.")] = False,
+    window: Annotated[Optional[str], typer.Option("--window", help="Only act between HH:MM-HH:MM "
+                                                                   "(controller time).")] = None,
+    webhook: Annotated[Optional[str], typer.Option("--webhook", help="POST the result as JSON to this URL.")] = None,
+    extra: Extra = None,
+):
+    """Schedule a non-interactive `deployer up` (JSON output and stderr to a log)."""
+    target = Target(host, port, user, key, inventory, sandbox).schedule_words()
+    for e in extra or []:
+        name = e.split("=", 1)[0]
+        if name in SECRET_ENV:
+            die(Exit.USAGE, f"-e {name}=...: secrets are not stored in schedules; use {SECRET_ENV[name]} in the "
+                            "scheduler's environment or a vault file")
+    s = sc.Schedule(id=sc.new_id(), at=at, target=target, if_changed=if_changed, window=window, webhook=webhook,
+                    extra=list(extra or []))
+    try:
+        how = sc.install(s)
+    except sc.ScheduleError as e:
+        die(Exit.USAGE, str(e))
+    items = sc.load()
+    items[s.id] = s
+    sc.save(items)
+    out.print(f"schedule {s.id}: {how}; log {s.log_path()}")
+
+
+@app.command("list")
+def list_(as_json: Json = False):
+    """The schedules on this machine."""
+    items = sc.load()
+    if as_json:
+        sys.stdout.write(json.dumps([asdict(v) for v in items.values()]) + "\n")
+        return
+    for s in items.values():
+        out.print(f"{s.id}  at {s.at}  {' '.join(s.target)}  if-changed={s.if_changed}  window={s.window or '-'}")
+
+
+@app.command("remove")
+def remove(sid: str = typer.Argument(...)):
+    """Remove a schedule and its timer or crontab entry."""
+    items, _s = _get(sid)
+    sc.uninstall(sid)
+    del items[sid]
+    sc.save(items)
+    out.print(f"removed schedule {sid}")
+
+
+@app.command("run")
+def run(sid: str = typer.Argument(...)):
+    """What the timer/cron runs: window check, `up --json`, log (stdout and stderr), webhook.  Exit code = up's."""
+    _items, s = _get(sid)
+    raise typer.Exit(sc.run_now(s, datetime.datetime.now(), say=lambda m: out.print(m, markup=False)))

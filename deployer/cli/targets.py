@@ -1,0 +1,116 @@
+"""Where a command acts (the target options, defined once) and the extra variables it passes."""
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+import yaml
+
+from deployer.output import err
+from deployer.runner import Exit
+
+# Secret settings: never stored in schedules, never printed; also settable from the environment.
+SECRET_ENV = {"deployer_api_key": "DEPLOYER_API_KEY", "deployer_hf_token": "DEPLOYER_HF_TOKEN"}
+
+Host = Annotated[Optional[str], typer.Option("--host", help="Host address (ad-hoc inventory of one host, root over SSH).")]
+Port = Annotated[int, typer.Option("--port", help="SSH port.")]
+User = Annotated[str, typer.Option("--user", help="SSH user.")]
+Key = Annotated[Optional[str], typer.Option("--key", help="SSH private key file.")]
+Inventory = Annotated[Optional[str], typer.Option("-i", "--inventory", help="Ansible inventory (with group_vars).")]
+Sandbox = Annotated[bool, typer.Option("--sandbox", help="The embedded sandbox host(s).")]
+Limit = Annotated[Optional[str], typer.Option("--limit", help="Ansible host pattern.")]
+TrustNew = Annotated[bool, typer.Option("--trust-new-host", help="Record an unknown host's SSH key on first contact "
+                                                                  "(a changed key is still refused).")]
+Extra = Annotated[Optional[list[str]], typer.Option("-e", "--extra-vars", help="key=value or @file.yml (repeatable).")]
+Json = Annotated[bool, typer.Option("--json", help="JSON lines on stdout instead of human output.")]
+
+
+def die(code: Exit, msg: str) -> NoReturn:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(int(code))
+
+
+@dataclass
+class Target:
+    host: Optional[str] = None
+    port: int = 22
+    user: str = "root"
+    key: Optional[str] = None
+    inventory: Optional[str] = None
+    sandbox: bool = False
+    limit: Optional[str] = None
+    trust_new: bool = False
+
+    def inventory_path(self) -> str:
+        """The inventory to run against: exactly one of --host, -i or --sandbox."""
+        if sum(bool(x) for x in (self.host, self.inventory, self.sandbox)) != 1:
+            die(Exit.USAGE, "say where to deploy: exactly one of --host ADDR, -i INVENTORY or --sandbox")
+        if self.sandbox:
+            from deployer.sandbox import hosts as sb
+            if not any(s["running"] for s in sb.status()):
+                err.print("sandbox: starting 1 host ...")
+                sb.start(1)
+            return str(sb.STATE / "inventory.yml")
+        if self.inventory:
+            if not Path(self.inventory).exists():
+                die(Exit.USAGE, f"inventory {self.inventory}: no such file")
+            return self.inventory
+        return adhoc_inventory(self.host, self.port, self.user, self.key, self.trust_new)
+
+    def schedule_words(self) -> list[str]:
+        """The target as `deployer up` options, for a schedule."""
+        if sum(bool(x) for x in (self.host, self.inventory, self.sandbox)) != 1:
+            die(Exit.USAGE, "say where to deploy: exactly one of --host, -i or --sandbox")
+        if self.host:
+            return ["--host", self.host, "--port", str(self.port), "--user", self.user] + \
+                (["--key", self.key] if self.key else [])
+        if self.inventory:
+            return ["-i", str(Path(self.inventory).resolve())]
+        return ["--sandbox"]
+
+
+def adhoc_inventory(host: str, port: int, user: str, key: Optional[str], trust_new: bool = False) -> str:
+    """An inventory of one host in a private temp file, deleted when the command ends."""
+    h: dict = {"ansible_host": host, "ansible_port": port, "ansible_user": user}
+    if trust_new:  # trust on first use: record an unknown host's key, still refuse a changed one
+        h["ansible_ssh_common_args"] = "-o StrictHostKeyChecking=accept-new"
+    if key:
+        h["ansible_ssh_private_key_file"] = key
+    fd, path = tempfile.mkstemp(prefix="deployer-inv-", suffix=".yml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({"all": {"children": {"gpu": {"hosts": {host: h}}}}}, f)
+    atexit.register(lambda: Path(path).unlink(missing_ok=True))
+    return path
+
+
+def parse_extra(extra: list[str]) -> dict:
+    """``-e k=v`` (value parsed as YAML) or ``-e @file.yml``; secrets also from DEPLOYER_API_KEY / _HF_TOKEN."""
+    vals: dict = {}
+    for item in extra:
+        if item.startswith("@"):
+            try:
+                loaded = yaml.safe_load(Path(item[1:]).read_text()) or {}
+            except (OSError, yaml.YAMLError) as e:
+                die(Exit.USAGE, f"-e {item}: {e}")
+            if not isinstance(loaded, dict):
+                die(Exit.USAGE, f"-e {item}: expected a mapping of variables, got {type(loaded).__name__}")
+            vals.update(loaded)
+            continue
+        if "=" not in item:
+            die(Exit.USAGE, f"-e {item!r}: expected key=value or @file.yml")
+        k, v = item.split("=", 1)
+        try:
+            vals[k] = yaml.safe_load(v) if v else ""
+        except yaml.YAMLError:
+            vals[k] = v
+        if vals[k] is None:  # "-e k=null" or "-e k=~": an empty value
+            vals[k] = ""
+    for var, env in SECRET_ENV.items():
+        if os.environ.get(env) and var not in vals:
+            vals[var] = os.environ[env]
+    return vals

@@ -1,0 +1,96 @@
+"""Read-only views of hosts: releases, status, logs."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from deployer import runner
+from deployer.cli.deploy import report
+from deployer.cli.targets import Extra, Host, Inventory, Json, Key, Limit, Port, Sandbox, Target, User, die, parse_extra
+from deployer.output import out
+from deployer.runner import Exit
+
+
+def read_hosts(t: Target, extra: list[str] | None, live: bool) -> dict:
+    ev = parse_extra(extra or [])
+    ev["deployer_status_live"] = live
+    res = runner.run("releases.yml", t.inventory_path(), ev, limit=t.limit)
+    if res.exit_code() != Exit.OK:
+        raise typer.Exit(report(res, False, "read"))
+    return {h: f.get("deployer_status", {}) for h, f in res.facts.items()}
+
+
+def _ts(t) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(float(t))) if t else "-"
+
+
+def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
+             inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
+             extra: Extra = None, as_json: Json = False):
+    """The releases on each host, newest first."""
+    from rich.table import Table
+    data = read_hosts(Target(host, port, user, key, inventory, sandbox, limit), extra, live=False)
+    if as_json:
+        sys.stdout.write(json.dumps(data, default=str) + "\n")
+        return
+    for h, st in sorted(data.items()):
+        t = Table(title=f"{h}: releases")
+        for c in ("", "id", "vLLM", "patch", "result", "deployed", "load s", "compile", "accept"):
+            t.add_column(c, no_wrap=True)
+        for r in st.get("releases", []):   # newest first (deployer_state sorts them)
+            mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
+            t.add_row(mark, r["id"], str(r.get("vllm_version") or "-"), str(r.get("patch_fingerprint") or "native"),
+                      str(r.get("result") or "-"), _ts(r.get("deployed_at")), str(r.get("load_seconds") or "-"),
+                      str(r.get("compile_cache") or "-"), str(r.get("acceptance_rate") or "-"))
+        out.print(t)
+        if st.get("lock"):
+            out.print(f"[yellow]locked[/] by {st['lock']}")
+
+
+def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
+           inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
+           extra: Extra = None, as_json: Json = False):
+    """Live release, health, uptime, GPU memory in use, live EAGLE-3 acceptance.  Exit 1 when not healthy."""
+    data = read_hosts(Target(host, port, user, key, inventory, sandbox, limit), extra, live=True)
+    bad = any(st.get("health") != 200 for st in data.values())
+    if as_json:
+        sys.stdout.write(json.dumps(data, default=str) + "\n")
+        raise typer.Exit(int(Exit.FAILED) if bad else 0)
+    for h, st in sorted(data.items()):
+        unit = st.get("unit") or {}
+        spec = st.get("spec") or {}
+        gpu = st.get("gpu_memory_used_mib") or []
+        out.print(f"[bold]{h}[/]: release {st.get('current') or '-'} (previous {st.get('previous') or '-'}); "
+                  f"unit {unit.get('ActiveState', '?')} since {unit.get('ActiveEnterTimestamp') or '-'}, "
+                  f"restarts {unit.get('NRestarts', '?')}; health {st.get('health')}")
+        lock = st.get("lock")
+        out.print(f"  GPU memory in use: {sum(gpu)} MiB over {len(gpu)} GPUs; EAGLE-3 acceptance rate "
+                  f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}"
+                  + (f"; [yellow]locked[/] by {lock.get('user')}@{lock.get('controller')}" if lock else ""))
+    raise typer.Exit(int(Exit.FAILED) if bad else 0)
+
+
+def logs(follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
+         lines: Annotated[int, typer.Option("-n", "--lines")] = 100,
+         host: Host = None, port: Port = 22, user: User = "root", key: Key = None, sandbox: Sandbox = False,
+         sandbox_host: Annotated[str, typer.Option("--sandbox-host")] = "sbx1",
+         service: Annotated[str, typer.Option("--service")] = "deployer-vllm"):
+    """The server's log (journal), streamed over SSH with fabric."""
+    from fabric import Config, Connection
+    if bool(host) == bool(sandbox):
+        die(Exit.USAGE, "say which host: --host ADDR or --sandbox")
+    cmd = f"journalctl -u {service} --no-pager -n {int(lines)}" + (" -f" if follow else "")
+    if sandbox:
+        from deployer.sandbox import hosts as sb
+        conn = Connection(sandbox_host, config=Config(runtime_ssh_path=str(sb.STATE / "ssh_config")))
+    else:
+        conn = Connection(host, user=user, port=port, connect_kwargs={"key_filename": key} if key else {})
+    try:
+        r = conn.run(cmd, pty=follow, warn=True)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    raise typer.Exit(0 if r.ok else int(Exit.FAILED))
