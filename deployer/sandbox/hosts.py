@@ -36,9 +36,13 @@ from pathlib import Path
 
 from deployer import tools
 
-BRIDGE = "dpsbx0"
-NET = "10.77.0"
-STATE = Path(os.environ.get("DEPLOYER_SANDBOX_DIR", "/var/lib/deployer-sandbox"))
+# Independent sandboxes side by side (parallel test modules): DEPLOYER_SANDBOX_SLOT=N gives its own bridge,
+# subnet, namespaces, state directory and SSH control sockets.  Slot 0 is the default.
+SLOT = int(os.environ.get("DEPLOYER_SANDBOX_SLOT", "0") or 0)
+BRIDGE = f"dpsbx{SLOT}"
+NET = f"10.{77 + SLOT}.0"
+STATE = Path(os.environ.get("DEPLOYER_SANDBOX_DIR") or
+             ("/var/lib/deployer-sandbox" + (f"-{SLOT}" if SLOT else "")))
 HERE = Path(__file__).resolve().parent
 MODEL_DIR = "/srv/models/Kimi-K2.5"
 KNOBS_DIR = "/etc/deployer-sandbox"
@@ -223,8 +227,13 @@ def _prepare_upper(h: Host, pubkey: str) -> Path:
     return merged
 
 
+def _machine(h: Host) -> str:
+    """nspawn's machine name (unique per slot; the host's own hostname stays h.name, from /etc/hostname)."""
+    return h.name if not SLOT else f"s{SLOT}-{h.name}"
+
+
 def _netns(h: Host) -> str:
-    return f"dps-{h.name}"
+    return f"dps{SLOT or ''}-{h.name}"
 
 
 def _ensure_bridge():
@@ -269,7 +278,7 @@ def start_host(i: int) -> Host:
     script = (
         f"set -e; {tools.system('mount')} -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {merged}; "
         f"exec {tools.system('systemd-nspawn')} --quiet --register=no --keep-unit --link-journal=no --console=passive "
-        f"-M {h.name} -D {merged} --network-namespace-path=/run/netns/{ns} --boot"
+        f"-M {_machine(h)} -D {merged} --network-namespace-path=/run/netns/{ns} --boot"
     )
     log = open(d / "console.log", "w")
     p = subprocess.Popen([tools.system("unshare"), "--mount", "--propagation", "private", "--",
@@ -309,6 +318,8 @@ def write_client_files(hosts: list[Host]) -> None:
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(key),
         "ansible_python_interpreter": "/usr/bin/python3",
+        # this sandbox's own SSH control sockets: stopping one sandbox never cuts another's connections
+        "ansible_control_path_dir": str(STATE / "cp-ansible"),
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={STATE}/known_hosts "
                                    "-o HostKeyAlias={{ inventory_hostname }} -o StrictHostKeyChecking=yes",
         # SANDBOX: the engine is the vLLM stand-in, run by the release venv's python so that it can
@@ -371,7 +382,7 @@ def _stop_host(h: Host) -> None:
     ns = _netns(h)
     _run("ip", "netns", "del", ns, check=False)
     _run("ip", "link", "del", ns, check=False)
-    shutil.rmtree(f"/run/systemd/nspawn/propagate/{h.name}", ignore_errors=True)
+    shutil.rmtree(f"/run/systemd/nspawn/propagate/{_machine(h)}", ignore_errors=True)
     if (h.dir / "merged").exists():
         _run("umount", "-l", h.dir / "merged", check=False)
     for sub in ("upper", "work", "merged"):
@@ -380,7 +391,7 @@ def _stop_host(h: Host) -> None:
 
 def close_masters() -> None:
     """Close the controller's ssh ControlPersist masters (ours and Ansible's)."""
-    for c in list(STATE.glob("cp-*")) + list((Path.home() / ".ansible" / "cp").glob("*")):
+    for c in list(STATE.glob("cp-*")) + list((STATE / "cp-ansible").glob("*")):
         _run("ssh", "-o", f"ControlPath={c}", "-O", "exit", "x", check=False)
 
 
