@@ -13,7 +13,7 @@ if [ -z "${_DEPLOYER_DEV_SCRUBBED:-}" ]; then
   keep=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin _DEPLOYER_DEV_SCRUBBED=1)
   for name in $(compgen -e); do
     case "$name" in
-      HOME|USER|LOGNAME|LANG|LC_*|TERM|TZ|CI|DEPLOYER_SANDBOX_SLOT) keep+=("$name=${!name}") ;;
+      HOME|USER|LOGNAME|LANG|LC_*|TERM|TZ|CI|DEPLOYER_SANDBOX_SLOT|DEPLOYER_TEST_WORKERS) keep+=("$name=${!name}") ;;
       http_proxy|https_proxy|no_proxy|all_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY|ALL_PROXY) keep+=("$name=${!name}") ;;
       *CA_BUNDLE*|*CA_CERTS*|SSL_CERT_FILE|SSL_CERT_DIR|*_CAINFO|PIP_CERT) keep+=("$name=${!name}") ;;
     esac
@@ -84,6 +84,7 @@ case "${1:-}" in
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
     apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_plain_ansible  # 0.18.0: native path
-    exec "$VENV/bin/python" -m pytest -q -ra "${@:2}" ;;
+    # two workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py)
+    exec "$VENV/bin/python" -m pytest -q -ra -n "${DEPLOYER_TEST_WORKERS:-2}" --dist loadfile "${@:2}" ;;
   *) echo "usage: $0 setup|demo|test [pytest args]"; exit 2 ;;
 esac

@@ -39,3 +39,23 @@ def test_parallel_then_rolling_stops_at_broken_host():
     assert (sh("sbx2", "readlink /opt/deployer/current"), main_pid("sbx2")) == before["sbx2"]
     assert (sh("sbx3", "readlink /opt/deployer/current"), main_pid("sbx3")) == before["sbx3"]  # untouched
     assert "sbx3" not in r.stderr.split("GPU count")[-1]
+
+
+def test_parallel_deploy_where_one_host_fails_after_restart():
+    """All hosts at once; sbx2's new release crashes during its load: only sbx2 rolls back, the others go live."""
+    from deployer.sandbox import hosts as sb
+    before = {h: sh(h, "readlink /opt/deployer/current") for h in HOSTS}
+    sb.set_knobs("sbx2", standin={"crash_phase": "compile", "load_seconds": 3, "only_if_arg": "0.871"})
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.871", "-e", "verify_enabled=false")
+    finally:
+        sb.set_knobs("sbx2", standin={})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "deploy failed in stage 'watch'; rolled back to the last live release" in flat(r.stderr)
+    assert stages(r.stderr, "sbx2").get("watch") == "failed"
+    assert sh("sbx2", "readlink /opt/deployer/current") == before["sbx2"]
+    for h in ("sbx1", "sbx3"):
+        assert sh(h, "readlink /opt/deployer/current") != before[h], h
+        assert "0.871" in sh(h, "cat /opt/deployer/current/argv.json")
+    for h in HOSTS:
+        assert sh(h, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"

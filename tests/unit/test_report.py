@@ -40,3 +40,8 @@ def test_no_host_matched_is_never_success(capsys):
     assert result([], processed=()).exit_code() == runner.Exit.USAGE
     assert deploy.report(result([], processed=()), False, "up") == runner.Exit.USAGE
     assert "no host matched" in capsys.readouterr().err
+
+
+def test_a_lock_from_another_controller_is_not_called_stale():
+    note = deploy.lock_note({"controller": "ops-laptop-7", "pid": 2 ** 22 + 1, "user": "carol"})
+    assert note == "held from ops-laptop-7; if that run died, `deployer unlock` removes it"
