@@ -49,7 +49,7 @@ def tree_manifest(src_dir: str) -> dict:
     tree = hashlib.sha256("".join(f"{f['path']}\0{f['size']}\0{f['sha256']}\n" for f in files).encode()).hexdigest()
     if dirty:
         CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = CACHE.with_suffix(".tmp")
+        tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")   # concurrent deploys never share a temp file
         tmp.write_text(json.dumps(cache))
         tmp.replace(CACHE)
     return {"src": str(root), "files": files, "tree_sha256": tree, "bytes": sum(f["size"] for f in files)}

@@ -146,3 +146,22 @@ def test_speculative_disabled_serves_without_a_drafter():
     assert stages(r.stderr, H).get("drafter") == "skipped"
     assert "no speculation" in sh(H, "curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' "
                                      "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'")
+
+
+def test_a_crash_after_ready_is_restarted_by_systemd_and_status_says_so():
+    """The load passed; later the server dies: systemd restarts it (Restart=on-failure) and `status` shows restarts."""
+    from sandbox_helpers import deployer
+    knobs(only_if_arg="0.851", crash_after_ready_seconds=6)
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.851", "-e", "deployer_restart_delay_seconds=1", *FAST)
+        assert r.returncode == 0, r.stdout + r.stderr                 # smoke passed before the crash
+        for _ in range(90):
+            if int(sh(H, f"systemctl show -p NRestarts --value {SVC}") or 0) >= 1:
+                break
+            __import__("time").sleep(1)
+        r = deployer("status", "--sandbox", "--json")
+        st = json.loads(r.stdout)[H]
+        assert int(st["unit"]["NRestarts"]) >= 1, st
+    finally:
+        knobs()
+    assert up(*FAST).returncode == 0 and health() == "200"           # back to the default release

@@ -262,3 +262,46 @@ def test_a_changed_drafter_is_a_new_release_and_is_shipped(tmp_path):
     # a --limit that matches nothing is bad input, never a silent success
     r = up("--limit", "no-such-host")
     assert r.returncode == 2 and "no host matched" in flat(r.stderr)
+
+
+def test_a_drafter_checksum_mismatch_on_the_host_is_refused_before_any_restart():
+    """The host checks every drafter file against the controller's sha256; a mismatch ships nothing into the store."""
+    cache = CACHE / "hashes.json"
+    good = cache.read_text()
+    data = json.loads(good)
+    poisoned = [k for k in data if k.split("|")[0].endswith("/drafter/model.safetensors")]
+    assert poisoned, "the drafter's hash is cached by the deploys before this test"
+    for k in poisoned:
+        data[k] = "0" * 64
+    cache.write_text(json.dumps(data))
+    stores, pid = set(sh(H, "ls /opt/deployer/drafters").split()), main_pid(H)
+    try:
+        r = up()
+    finally:
+        cache.write_text(good)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert stages(r.stderr, H)["drafter"] == "failed" and "model.safetensors: FAILED" in r.stderr
+    assert set(sh(H, "ls /opt/deployer/drafters").split()) == stores and main_pid(H) == pid   # nothing in use changed
+    assert up().returncode == 0
+
+
+def test_schedule_through_a_real_systemd_timer():
+    """A controller with systemd gets a timer; its service runs `deployer schedule run` (here: outside the window,
+    so it only logs).  Run on a sandbox host, which boots systemd (the build machine does not)."""
+    deployer_bin = ROOT / ".venv" / "bin" / "deployer"
+    if not deployer_bin.exists():
+        pytest.skip("needs the project's .venv (scripts/dev.sh)")
+    now = time.localtime()
+    window = f"{(now.tm_hour + 2) % 24:02d}:00-{(now.tm_hour + 3) % 24:02d}:00"
+    out = sh(H, f"{deployer_bin} schedule add --host 192.0.2.7 --at 'Mon,Thu 02:30' --window {window}")
+    sid = out.split()[1].rstrip(":")
+    assert f"systemd timer deployer-schedule-{sid}.timer (OnCalendar=Mon,Thu *-*-* 02:30:00)" in flat(out)
+    try:
+        assert sh(H, f"systemctl is-enabled deployer-schedule-{sid}.timer") == "enabled"
+        assert "Mon,Thu *-*-* 02:30:00" in sh(H, f"systemctl show -p TimersCalendar deployer-schedule-{sid}.timer")
+        sh(H, f"systemctl start deployer-schedule-{sid}.service")    # what the timer fires (oneshot: waits)
+        log = sh(H, f"cat /root/.local/state/deployer/schedule-{sid}.log")
+        assert '"event": "skipped"' in log and f"outside window {window}" in log
+    finally:
+        sh(H, f"{deployer_bin} schedule remove {sid}")
+    assert sh(H, f"test -e /etc/systemd/system/deployer-schedule-{sid}.timer && echo left || echo gone") == "gone"
