@@ -91,6 +91,9 @@ class Collector:
         res = data.get("res", {}) or {}
         if kind == "runner_on_failed" and not data.get("ignore_errors"):
             msg = res.get("msg") or res.get("stderr") or res.get("module_stderr") or ""
+            if res.get("results") and msg == "One or more items failed":
+                # a loop: the failed items say what was measured and what was expected
+                msg = [r.get("msg") or r.get("stderr") or "" for r in res["results"] if r.get("failed")] or msg
             if res.get("_ansible_no_log"):
                 msg = HIDDEN
             self.failures.append(Failure(host, data.get("task", "?"), data.get("role", ""),

@@ -20,10 +20,15 @@ def test_failure_messages_and_no_log_masking():
         ev("runner_on_failed", host="h2", task="Ensure the host has 8 GPUs.", role="preflight",
            res={"msg": ["GPU count: measured 7", "expected 8"]}),
         ev("runner_on_failed", host="h3", task="Tolerated", role="smoke", ignore_errors=True, res={"msg": "x"}),
-        ev("playbook_on_stats", processed={"h1": 1, "h2": 1, "h3": 1}),
+        ev("runner_on_failed", host="h4", task="Ensure every GPU ...", role="preflight",
+           res={"msg": "One or more items failed", "results": [
+               {"failed": False, "msg": "All assertions passed"},
+               {"failed": True, "msg": "GPU 1: measured 'NVIDIA H100' with 81559 MiB; expected ..."}]}),
+        ev("playbook_on_stats", processed={"h1": 1, "h2": 1, "h3": 1, "h4": 1}),
     )
     msgs = {f.host: f.msg for f in r.failures}
-    assert msgs == {"h1": runner.HIDDEN, "h2": "GPU count: measured 7\nexpected 8"}
+    assert msgs == {"h1": runner.HIDDEN, "h2": "GPU count: measured 7\nexpected 8",
+                    "h4": "GPU 1: measured 'NVIDIA H100' with 81559 MiB; expected ..."}   # the item that failed
     assert "sekrit" not in repr(r.failures)
     assert r.exit_code() == runner.Exit.FAILED                   # smoke + preflight: not "nothing changed"
 
