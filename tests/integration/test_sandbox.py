@@ -134,6 +134,23 @@ def test_03b_busy_gpus_are_refused_when_our_server_is_not_running():
     assert sh(f"systemctl is-active {SVC}") == "active"
 
 
+def test_03c_a_foreign_process_on_the_port_is_refused():
+    sh(f"systemctl stop {SVC}")
+    sh("systemd-run --unit foreign-8000 /usr/bin/python3 -m http.server 8000 --bind 127.0.0.1")
+    try:
+        for _ in range(50):
+            if "LISTEN" in sh("ss -H -ltn 'sport = :8000' || true"):
+                break
+            __import__("time").sleep(0.2)
+        r = up()
+    finally:
+        sh("systemctl stop foreign-8000 || true")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "port 8000: measured in use by pid" in flat(r.stderr) and "(python3); expected free or held by deployer-vllm" \
+        in flat(r.stderr), r.stderr
+    assert up().returncode == 0 and sh(f"systemctl is-active {SVC}") == "active"
+
+
 def test_04_crash_during_load_is_reported_within_seconds_and_rolled_back():
     live = sh("readlink /opt/deployer/current")
     sbx.set_knobs(H, standin={"crash_phase": "weights", "load_seconds": 4, "only_if_arg": "0.85"})

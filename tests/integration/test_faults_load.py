@@ -1,0 +1,95 @@
+"""Load failures (crash, stall, budget, fatal line, dead engine) on a sandbox host: each ends with the right message, exit code and a serving host.
+
+vLLM's own checks are skipped here (``verify_enabled=false``): they are tested elsewhere, and each
+case would pay ~35 s for them.  Every failure knob is tied to one argv word (``only_if_arg``), so
+the release rolled back to starts normally.
+"""
+
+import pytest
+
+from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, up
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+H = "sbx1"
+FAST = ["-e", "verify_enabled=false"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    yield from sandbox_hosts(1)
+
+
+def knobs(**kw):
+    from deployer.sandbox import hosts as sb
+    sb.set_knobs(H, standin=kw)
+
+
+def health():
+    return sh(H, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health || true")
+
+
+def fail_with(arg, extra=(), **knob):
+    """Deploy a release whose argv holds ``arg`` (--gpu-memory-utilization) with a failure knob for it."""
+    knobs(only_if_arg=arg, **knob)
+    try:
+        return up("-e", f"deployer_gpu_memory_utilization={arg}", *FAST, *extra)
+    finally:
+        knobs()
+
+
+def test_00_a_good_deploy_serves():
+    r = up(*FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert health() == "200"
+
+
+@pytest.mark.parametrize("phase", ["weights", "drafter", "compile", "kv_cache", "graphs", "api"])
+def test_crash_in_every_phase_is_seen_and_rolled_back(phase):
+    live, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
+    arg = {"weights": "0.801", "drafter": "0.802", "compile": "0.803", "kv_cache": "0.804", "graphs": "0.805",
+           "api": "0.806"}[phase]
+    r = fail_with(arg, crash_phase=phase, load_seconds=3)
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = flat(r.stderr)
+    assert "deploy failed in stage 'watch'; rolled back to the last live release" in err
+    assert "crashed: the server process exited" in err or "fatal" in err, err
+    assert r.seconds < 150, f"{r.seconds:.0f} s: a crash must be seen in seconds"
+    assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) != pid and health() == "200"
+
+
+@pytest.mark.parametrize("phase", ["weights", "kv_cache", "graphs"])
+def test_stall_in_a_phase_is_stopped_by_its_limit(phase):
+    live = sh(H, "readlink /opt/deployer/current")
+    arg = {"weights": "0.811", "kv_cache": "0.812", "graphs": "0.813"}[phase]
+    # -e settings apply to the restore's watch too: the limit must let the good release's silent stretches pass
+    r = fail_with(arg, ["-e", "watch_stall_seconds={'default': 20}", "-e", "watch_budget_seconds=600"],
+                  stall_phase=phase)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "stalled: no progress for" in flat(r.stderr) and "(stall limit 20 s)" in flat(r.stderr)
+    assert r.seconds < 150
+    assert sh(H, "readlink /opt/deployer/current") == live and health() == "200"
+
+
+def test_budget_ends_a_slow_load():
+    # the budget applies to the restore's watch too: long enough for the good release to load again
+    r = fail_with("0.821", ["-e", "watch_budget_seconds=40", "-e", "watch_stall_seconds={'default': 600}"],
+                  stall_phase="compile")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "timeout: not ready after" in flat(r.stderr) and "(budget 40 s)" in flat(r.stderr)
+    assert health() == "200"
+
+
+def test_fatal_line_while_the_process_lives_is_not_waited_out():
+    r = fail_with("0.822", ["-e", "watch_stall_seconds={'default': 600}"], fatal_line_phase="kv_cache")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "fatal nccl in phase" in flat(r.stderr) and "NCCL error: unhandled cuda error" in flat(r.stderr)
+    assert r.seconds < 150 and health() == "200"
+
+
+def test_engine_unhealthy_after_load_is_not_ready():
+    r = fail_with("0.823", ["-e", "watch_budget_seconds=40"], unhealthy_after_ready_seconds=0)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "timeout: not ready after" in flat(r.stderr)
+    assert health() == "200"
+
+
