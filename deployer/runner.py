@@ -94,6 +94,9 @@ class Collector:
             if res.get("results") and msg == "One or more items failed":
                 # a loop: the failed items say what was measured and what was expected
                 msg = [r.get("msg") or r.get("stderr") or "" for r in res["results"] if r.get("failed")] or msg
+            if msg == "non-zero return code":   # a command: what it printed says why
+                msg = "\n".join(x for x in (msg, str(res.get("stderr") or "")[-2000:],
+                                            str(res.get("stdout") or "")[-2000:]) if x)
             if res.get("_ansible_no_log"):
                 msg = HIDDEN
             self.failures.append(Failure(host, data.get("task", "?"), data.get("role", ""),
