@@ -1,4 +1,6 @@
 """Three sandbox hosts: parallel deploy, then a rolling deploy that stops at a broken host."""
+import re
+
 import pytest
 
 from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up
@@ -52,7 +54,7 @@ def test_parallel_deploy_where_one_host_fails_after_restart():
         sb.set_knobs("sbx2", standin={})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "deploy failed in stage 'watch'; rolled back to the last live release" in flat(r.stderr)
-    assert stages(r.stderr, "sbx2").get("watch") == "failed"
+    assert re.search(r"sbx2 watch +failed", r.stderr) and re.search(r"sbx2 rollback +changed", r.stderr), r.stderr
     assert sh("sbx2", "readlink /opt/deployer/current") == before["sbx2"]
     for h in ("sbx1", "sbx3"):
         assert sh(h, "readlink /opt/deployer/current") != before[h], h
