@@ -44,6 +44,10 @@ NET = f"10.{77 + SLOT}.0"
 STATE = Path(os.environ.get("DEPLOYER_SANDBOX_DIR") or
              ("/var/lib/deployer-sandbox" + (f"-{SLOT}" if SLOT else "")))
 HERE = Path(__file__).resolve().parent
+# The controller's checkout, visible read-only at the same path inside sandbox hosts (wherever it lives,
+# /tmp included) so a test can run the controller side on a host that boots systemd (schedule timers).
+# Deploys never use it: Ansible ships what a host needs.
+REPO = HERE.parent.parent
 MODEL_DIR = "/srv/models/Kimi-K2.5"
 KNOBS_DIR = "/etc/deployer-sandbox"
 STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"
@@ -278,7 +282,7 @@ def start_host(i: int) -> Host:
     script = (
         f"set -e; {tools.system('mount')} -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {merged}; "
         f"exec {tools.system('systemd-nspawn')} --quiet --register=no --keep-unit --link-journal=no --console=passive "
-        f"-M {_machine(h)} -D {merged} --network-namespace-path=/run/netns/{ns} --boot"
+        f"-M {_machine(h)} -D {merged} --network-namespace-path=/run/netns/{ns} --bind-ro={REPO} --boot"
     )
     log = open(d / "console.log", "w")
     p = subprocess.Popen([tools.system("unshare"), "--mount", "--propagation", "private", "--",

@@ -269,7 +269,9 @@ def test_a_drafter_checksum_mismatch_on_the_host_is_refused_before_any_restart()
     cache = CACHE / "hashes.json"
     good = cache.read_text()
     data = json.loads(good)
-    poisoned = [k for k in data if k.split("|")[0].endswith("/drafter/model.safetensors")]
+    from deployer.sandbox import hosts as sb
+    mine = str(sb.STATE / "drafter" / "model.safetensors")      # this sandbox slot's drafter only
+    poisoned = [k for k in data if k.split("|")[0] == mine]
     assert poisoned, "the drafter's hash is cached by the deploys before this test"
     for k in poisoned:
         data[k] = "0" * 64
