@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -282,7 +283,7 @@ def start_host(i: int) -> Host:
     script = (
         f"set -e; {tools.system('mount')} -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {merged}; "
         f"exec {tools.system('systemd-nspawn')} --quiet --register=no --keep-unit --link-journal=no --console=passive "
-        f"-M {_machine(h)} -D {merged} --network-namespace-path=/run/netns/{ns} --bind-ro={REPO} --boot"
+        f"-M {_machine(h)} -D {merged} --network-namespace-path=/run/netns/{ns} --bind-ro={shlex.quote(str(REPO))} --boot"
     )
     log = open(d / "console.log", "w")
     p = subprocess.Popen([tools.system("unshare"), "--mount", "--propagation", "private", "--",
