@@ -200,6 +200,8 @@ class Display:
                 st.failed |= failed
                 st.changed |= bool(res.get("changed")) and action not in SET_FACT
             self._verbose_task(data, kind)
+            if res.get("diff") and not self.as_json:
+                self._diff(host, res["diff"])
             if action == "vllm_watch" and kind == "runner_on_ok":
                 self._watch_done(host, res)
             elif kind == "runner_on_ok" and (action in DEBUG or (action in ASSERT and res.get("msg"))):
@@ -215,6 +217,23 @@ class Display:
                 self._close(h)
             if self.live and self.live.live.is_started:
                 self.live.stop()
+
+    def _diff(self, host: str, diffs) -> None:
+        """--diff: what a task changed (or would change), as a unified diff.  Tasks that touch secrets set
+        diff: false / no_log, so nothing secret arrives here."""
+        import difflib
+        for d in diffs if isinstance(diffs, list) else [diffs]:
+            if not isinstance(d, dict) or "before" not in d or "after" not in d:
+                continue
+            before, after = str(d.get("before") or ""), str(d.get("after") or "")
+            if before == after:
+                continue
+            lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                         str(d.get("before_header") or "before"), str(d.get("after_header") or "after"))
+            text = "".join(lines).rstrip("\n")
+            if text:
+                self.line(f"{'':>8}[magenta]{host}[/] diff:")
+                (self.live.console if self.live else self.con).out(text, highlight=False)
 
     def _verbose_task(self, data: dict, kind: str) -> None:
         if not self.verbose or self.as_json:

@@ -1,6 +1,7 @@
 """The whole deploy against a real sandbox host: real sshd, real systemd, real Ansible, real vLLM in the venv."""
 import json
 import os
+import re
 
 import pytest
 
@@ -202,6 +203,7 @@ def test_06_check_mode_changes_nothing_and_hides_secrets():
     r = up("--check", "--diff", "-e", "deployer_max_model_len=4096", "-e", "deployer_api_key=sekrit-check-123")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "would be verified and started" in flat(r.stderr)
+    assert re.search(r'^\+\s+"4096",?$', r.stderr, re.M), r.stderr     # --diff shows what would change
     assert "sekrit-check-123" not in r.stdout + r.stderr
     assert host_state() == before
 

@@ -113,3 +113,15 @@ def test_json_progress(capsys):
     stages = {x["stage"]: x["outcome"] for x in lines if x["event"] == "stage"}
     assert stages["patch"] == "changed" and stages["rollback"] == "failed"
     assert all("ts" in x for x in lines)
+
+
+def test_diff_is_shown_as_a_unified_diff():
+    buf = io.StringIO()
+    d = output.Display(as_json=False, console=Console(file=buf, force_terminal=False, width=160))
+    d(ev("runner_on_start", "h1", "render", "Write the launch argv (JSON, one word per item)."))
+    d(ev("runner_on_ok", "h1", "render", "Write the launch argv (JSON, one word per item).", "ansible.builtin.copy",
+         {"changed": True, "diff": [{"before": '[\n  "--max-model-len",\n  "131072"\n]\n',
+                                     "after": '[\n  "--max-model-len",\n  "4096"\n]\n',
+                                     "before_header": "argv.json", "after_header": "argv.json"}]}))
+    text = buf.getvalue()
+    assert '-  "131072"' in text and '+  "4096"' in text and "--- argv.json" in text
