@@ -68,7 +68,6 @@ class FilterModule(object):
             "systemd_env_quote": serve.systemd_env_quote,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
-            "content_hash": plan.content_hash,
             "drafter_manifest": drafter_manifest,
             "spec_decode_stats": vllm_logs.spec_decode_stats,
             "spec_decode_delta": vllm_logs.spec_decode_delta,
