@@ -57,10 +57,10 @@ def test_crash_in_every_phase_is_seen_and_rolled_back(phase):
     assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) != pid and health() == "200"
 
 
-@pytest.mark.parametrize("phase", ["weights", "kv_cache", "graphs"])
+@pytest.mark.parametrize("phase", ["weights", "drafter", "kv_cache", "graphs", "api"])   # compile: test_watch
 def test_stall_in_a_phase_is_stopped_by_its_limit(phase):
     live = sh(H, "readlink /opt/deployer/current")
-    arg = {"weights": "0.811", "kv_cache": "0.812", "graphs": "0.813"}[phase]
+    arg = {"weights": "0.811", "drafter": "0.814", "kv_cache": "0.812", "graphs": "0.813", "api": "0.815"}[phase]
     # -e settings apply to the restore's watch too: the limit must let the good release's silent stretches pass
     r = fail_with(arg, ["-e", "watch_stall_seconds={'default': 20}", "-e", "watch_budget_seconds=600"],
                   stall_phase=phase)

@@ -61,3 +61,20 @@ def test_parallel_deploy_where_one_host_fails_after_restart():
         assert "0.871" in sh(h, "cat /opt/deployer/current/argv.json")
     for h in HOSTS:
         assert sh(h, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
+
+
+def test_rolling_deploy_stops_at_a_failure_after_the_restart():
+    """--serial 1: sbx1's new release crashes during its load; it is rolled back and sbx2, sbx3 are never touched."""
+    from deployer.sandbox import hosts as sb
+    before = {h: (sh(h, "readlink /opt/deployer/current"), main_pid(h)) for h in HOSTS}
+    sb.set_knobs("sbx1", standin={"crash_phase": "kv_cache", "load_seconds": 3, "only_if_arg": "0.872"})
+    try:
+        r = up("--serial", "1", "-e", "deployer_gpu_memory_utilization=0.872", "-e", "verify_enabled=false")
+    finally:
+        sb.set_knobs("sbx1", standin={})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "deploy failed in stage 'watch'; rolled back to the last live release" in flat(r.stderr)
+    assert sh("sbx1", "readlink /opt/deployer/current") == before["sbx1"][0]
+    for h in ("sbx2", "sbx3"):
+        assert (sh(h, "readlink /opt/deployer/current"), main_pid(h)) == before[h], h     # never started
+        assert not stages(r.stderr, h), r.stderr

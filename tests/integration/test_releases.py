@@ -307,3 +307,26 @@ def test_schedule_through_a_real_systemd_timer():
     finally:
         sh(H, f"{deployer_bin} schedule remove {sid}")
     assert sh(H, f"test -e /etc/systemd/system/deployer-schedule-{sid}.timer && echo left || echo gone") == "gone"
+
+
+def test_an_interrupted_drafter_copy_is_resumed():
+    """A copy cut off half-way leaves the staging dir behind; the next up sends what is missing and checks all."""
+    from deployer.drafter import tree_manifest
+    from deployer.sandbox import hosts as sb
+    src = sb.STATE / "drafter"
+    extra = src / "special_tokens_map.json"
+    extra.write_text('{"eos_token": "[EOS]"}\n')
+    try:
+        m = tree_manifest(str(src))
+        staging = f"/opt/deployer/drafters/.incoming-{m['tree_sha256'][:16]}"
+        weights = (src / "model.safetensors").read_bytes()
+        sh(H, f"mkdir -p {staging} && head -c {len(weights) // 2} /dev/zero > {staging}/model.safetensors")
+        sb.copy_to(H, src / "config.json", f"{staging}/config.json", mode="0644")
+        r = up()
+    finally:
+        extra.unlink()
+    assert r.returncode == 0, r.stdout + r.stderr
+    store = f"/opt/deployer/drafters/{m['tree_sha256'][:16]}"
+    assert sh(H, f"cd {store} && sha256sum --quiet -c .deployer-sha256sums && echo intact") == "intact"
+    assert sh(H, f"test -e {staging} && echo left || echo moved") == "moved"
+    assert up().returncode == 0
