@@ -61,3 +61,27 @@ def sandbox_hosts(n):
     sb.start(n)
     yield sb
     sb.stop()
+
+
+# ------------------------------------------------------------------ fault rehearsals on one host (sbx1)
+FAST = ["-e", "verify_enabled=false"]   # vLLM's own checks are tested elsewhere; each fault would pay ~35 s
+
+
+def knobs(host="sbx1", **kw):
+    """The stand-in's rehearsal knobs on a host (empty: none)."""
+    from deployer.sandbox import hosts as sb
+    sb.set_knobs(host, standin=kw)
+
+
+def health(host="sbx1"):
+    return sh(host, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health || true")
+
+
+def fail_with(arg, extra=(), host="sbx1", **knob):
+    """Deploy a release whose argv holds ``arg`` (--gpu-memory-utilization) with a failure knob tied to it
+    (``only_if_arg``), so the release rolled back to starts normally."""
+    knobs(host, only_if_arg=arg, **knob)
+    try:
+        return up("-e", f"deployer_gpu_memory_utilization={arg}", *FAST, *extra)
+    finally:
+        knobs(host)

@@ -7,34 +7,15 @@ the release rolled back to starts normally.
 
 import pytest
 
-from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, up
+from sandbox_helpers import FAST, fail_with, flat, health, main_pid, needs_sandbox, sandbox_hosts, sh, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
-FAST = ["-e", "verify_enabled=false"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
     yield from sandbox_hosts(1)
-
-
-def knobs(**kw):
-    from deployer.sandbox import hosts as sb
-    sb.set_knobs(H, standin=kw)
-
-
-def health():
-    return sh(H, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health || true")
-
-
-def fail_with(arg, extra=(), **knob):
-    """Deploy a release whose argv holds ``arg`` (--gpu-memory-utilization) with a failure knob for it."""
-    knobs(only_if_arg=arg, **knob)
-    try:
-        return up("-e", f"deployer_gpu_memory_utilization={arg}", *FAST, *extra)
-    finally:
-        knobs()
 
 
 def test_00_a_good_deploy_serves():

@@ -8,34 +8,15 @@ import json
 
 import pytest
 
-from sandbox_helpers import SVC, flat, needs_sandbox, sandbox_hosts, sh, stages, up
+from sandbox_helpers import FAST, SVC, fail_with, flat, health, knobs, needs_sandbox, sandbox_hosts, sh, stages, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
-FAST = ["-e", "verify_enabled=false"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
     yield from sandbox_hosts(1)
-
-
-def knobs(**kw):
-    from deployer.sandbox import hosts as sb
-    sb.set_knobs(H, standin=kw)
-
-
-def health():
-    return sh(H, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health || true")
-
-
-def fail_with(arg, extra=(), **knob):
-    """Deploy a release whose argv holds ``arg`` (--gpu-memory-utilization) with a failure knob for it."""
-    knobs(only_if_arg=arg, **knob)
-    try:
-        return up("-e", f"deployer_gpu_memory_utilization={arg}", *FAST, *extra)
-    finally:
-        knobs()
 
 
 def test_00_a_first_deploy_that_fails_leaves_the_server_stopped():
