@@ -19,6 +19,7 @@ from datetime import time as dtime
 from pathlib import Path
 
 from deployer import tools
+from deployer.runner import Exit
 
 CONFIG = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "deployer" / "schedules.json"
 STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "deployer"
@@ -118,15 +119,8 @@ def save(items: dict[str, Schedule]) -> None:
     tmp.replace(CONFIG)
 
 
-def _have(name: str) -> str | None:
-    try:
-        return tools.system(name)
-    except tools.ToolMissing:
-        return None
-
-
 def systemd_running() -> bool:
-    systemctl = _have("systemctl")
+    systemctl = tools.find("systemctl")
     if not systemctl or not os.path.isdir("/run/systemd/system"):
         return False
     r = subprocess.run([systemctl, "is-system-running"], capture_output=True, text=True)
@@ -159,7 +153,7 @@ def install(s: Schedule) -> str:
         subprocess.run([systemctl, "daemon-reload"], check=True)
         subprocess.run([systemctl, "enable", "--now", f"deployer-schedule-{s.id}.timer"], check=True)
         return f"systemd timer deployer-schedule-{s.id}.timer (OnCalendar={on_calendar(s)})"
-    if not _have("crontab"):
+    if not tools.find("crontab"):
         raise ScheduleError("no systemd and no crontab on this machine; install cron (apt-get install cron)")
     lines = [x for x in _crontab() if not x.endswith(MARK + s.id)]
     line = cron_line(s, deployer_path())
@@ -173,7 +167,7 @@ def uninstall(sid: str) -> None:
         subprocess.run([tools.system("systemctl"), "disable", "--now", unit.name], check=False)
         unit.unlink()
         Path(f"/etc/systemd/system/deployer-schedule-{sid}.service").unlink(missing_ok=True)
-    if _have("crontab"):
+    if tools.find("crontab"):
         lines = _crontab()
         keep = [x for x in lines if not x.endswith(MARK + sid)]
         if keep != lines:
@@ -185,7 +179,6 @@ def new_id() -> str:
 
 
 # ------------------------------------------------------------------ what the timer / cron entry runs
-EXIT_LOCKED = 6  # deployer.runner.Exit.LOCKED (not imported: keeps this module free of ansible-runner)
 STDERR_TAIL_LINES = 40
 
 
@@ -206,7 +199,7 @@ def notify(url: str, obj: dict, attempts: int = 3) -> str | None:
 
 
 def summarize(returncode: int, result: dict) -> str:
-    if returncode == EXIT_LOCKED:
+    if returncode == Exit.LOCKED:
         return "host locked by another run; did nothing"
     if returncode == 0:
         hosts = result.get("hosts") or {}

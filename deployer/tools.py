@@ -65,6 +65,14 @@ def system(name: str) -> str:
     raise ToolMissing(f"{name}: not found in {':'.join(SYSTEM_DIRS)}; install it: apt-get install -y {pkg}")
 
 
+def find(name: str) -> str | None:
+    """``system(name)``, or None when it is not installed."""
+    try:
+        return system(name)
+    except ToolMissing:
+        return None
+
+
 def subprocess_path() -> str:
     """PATH for the programs the deployer starts (ansible-playbook and the ssh it runs):
     this venv's bin first, then the system directories, then whatever the caller had."""

@@ -351,12 +351,7 @@ def hosts_on_disk() -> list[Host]:
 
 
 def start(n: int = 1) -> list[Host]:
-    missing = []
-    for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen"):
-        try:
-            tools.system(c)
-        except tools.ToolMissing:
-            missing.append(c)
+    missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
     if missing:
         raise SandboxError(f"missing on this machine: {', '.join(missing)}; install: apt-get install -y "
                            + " ".join(APT_PACKAGES))

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from deployer.output import STAGES
 from helpers import ROOT
 
 SVC = "deployer-vllm"
@@ -36,8 +37,7 @@ def main_pid(host):
     return sh(host, f"systemctl show -p MainPID --value {SVC}")
 
 
-STAGE_NAMES = ("preflight", "install", "patch", "drafter", "render", "verify", "start", "watch", "smoke",
-               "release", "rollback")
+STAGE_NAMES = set(STAGES.values()) | {"rollback"}   # the stage words deployer/output.py prints
 
 
 def stages(text, host):
