@@ -20,11 +20,12 @@ from rich.progress import ProgressColumn
 from rich.text import Text
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+# a pipe or a log file gets every column of a table (rich would squeeze it into 80)
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 # role -> stage name shown to the operator (the order of playbooks/up.yml)
 STAGES = {"preflight": "preflight", "vllm_install": "install", "vllm_patch": "patch", "drafter": "drafter",
-          "render": "render", "verify": "verify", "start": "start", "watch": "watch", "smoke": "smoke",
+          "render": "render", "verify": "verify", "prewarm": "prewarm", "start": "start", "watch": "watch", "smoke": "smoke",
           "release": "release"}
 ROLLBACK_TASKS = "/roles/release/tasks/rollback.yml"
 QUIET_MSGS = ("All assertions passed", "All items completed")
@@ -157,7 +158,8 @@ class Display:
         if self.live:
             if not self.live.live.is_started:
                 self.live.start()
-            fields = dict(description=f"load: {title}{prog}", total=100 if pct is not None else None,
+            label = "prewarm" if res.get("phase") == "prewarm" else "load"
+            fields = dict(description=f"{label}: {title}{prog}", total=100 if pct is not None else None,
                           completed=pct or 0, detail=elapsed,
                           eta_at=(time.time() + eta) if eta is not None else None, overdue=overdue)
             if host not in self.bars:
@@ -167,7 +169,8 @@ class Display:
         else:
             pct_s = f" {pct:.0f}%" if pct is not None else ""
             e = eta_text(eta, overdue)
-            self.line(f"{'':>8}[magenta]{host}[/] load: {title}{pct_s}{prog} [dim]{elapsed}{', ' + e if e else ''}[/]")
+            label = "prewarm" if res.get("phase") == "prewarm" else "load"
+            self.line(f"{'':>8}[magenta]{host}[/] {label}: {title}{pct_s}{prog} [dim]{elapsed}{', ' + e if e else ''}[/]")
 
     def _watch_done(self, host: str, res: dict) -> None:
         if self.live and host in self.bars:
@@ -190,7 +193,7 @@ class Display:
         action = data.get("task_action")
         if kind == "runner_on_start" and host and stage:
             self._open(host, stage)
-        elif kind == "runner_retry" and data.get("role") in ("watch", "release"):
+        elif kind == "runner_retry" and data.get("role") in ("watch", "release", "prewarm"):
             self.phase(host, res)
         elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
             st = self._open(host, stage) if stage else None

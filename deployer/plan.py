@@ -6,10 +6,14 @@ the plan (and its own documented inputs), never another stage's variables.  Fiel
 ==================  ==================================================================================
 backend             serving engine ("vllm")
 vllm_version        the pinned release
-venv, python        ``<root>/venvs/vllm-<version>`` (``-unpatched`` when patches are off: a release that
-                    asks for the pristine wheel never touches the patched venv a live release runs)
+venv, python        ``<root>/venvs/vllm-<version>-p<engine>`` when patched (one venv per vLLM version AND patch
+                    engine: a changed engine gets a new venv, so a rollback runs exactly the code its release
+                    was verified with); ``<root>/venvs/vllm-<version>`` is the pristine wheel (patches off)
 patch_state         "present" (apply what this vLLM needs) or "absent"
 service, unit_path  systemd unit name and path
+user                the unprivileged system user the server runs as (never root)
+unit                what the unit needs beyond argv/env: user, writable paths, device allow-list (docs/hardening.md)
+api_protected       clients must send the API key (or the server listens on loopback only)
 port                serving port (loopback checks use it)
 served_model_name   the ``model`` clients send
 model_dir           checkpoint directory on the host
@@ -20,19 +24,28 @@ argv                the full ``vllm serve`` argv, launcher first (built by deplo
 env                 the non-secret environment of the server (secrets go only to the 0600 env file)
 restart_delay_seconds  systemd RestartSec
 release_inputs      everything that names a release (hashed with the patch fingerprint into its id)
-dirs                root, releases, current, previous, drafters, bin, cache
+dirs                root, releases, current, previous, drafters, bin, cache (root's: uv), server_cache (the
+                    service user's home: torch.compile, Triton, Hugging Face and XDG caches, shared by releases)
 ==================  ==================================================================================
 """
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 from deployer import serve
 
 BACKENDS = ("vllm",)
 SECRET_KEYS = ("api_key", "hf_token")
+# Bumped whenever the unit template changes meaning: a release id names exactly one unit.
+UNIT_FORMAT = 2
+_PATCH_ENGINE = Path(__file__).parent / "ansible_plugins" / "module_utils" / "eagle3_patch.py"
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
+_DEVICE_RE = re.compile(r"^(char-[A-Za-z0-9_.-]+|/dev/[A-Za-z0-9_./-]+)( [rwm]{1,3})?$")
 
 
 class PlanError(ValueError):
@@ -42,6 +55,20 @@ class PlanError(ValueError):
 def content_hash(value: Any, length: int = 12) -> str:
     """Stable short hash of any JSON-able value (release ids, env hashes)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:length]
+
+
+def patch_engine_id() -> str:
+    """The patch engine's identity (hash of its source): part of the patched venv's name."""
+    return hashlib.sha256(_PATCH_ENGINE.read_bytes()).hexdigest()[:8]
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _need(s: dict, key: str) -> Any:
@@ -57,16 +84,34 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     if backend not in BACKENDS:
         raise PlanError(f"backend: got {backend!r}, expected one of {list(BACKENDS)}")
     root = str(_need(s, "root")).rstrip("/")
-    if not root.startswith("/"):
-        raise PlanError(f"root: got {root!r}, expected an absolute path")
+    if not re.match(r"^/[A-Za-z0-9_./-]*$", root) or ".." in root.split("/"):
+        raise PlanError(f"root: got {root!r}, expected an absolute path of letters, digits and _ . / -")
     version = str(_need(s, "vllm_version"))
     patched = bool(s.get("patch_enabled", True))
-    venv = f"{root}/venvs/vllm-{version}" + ("" if patched else "-unpatched")
+    venv = f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or patch_engine_id()}" if patched else "")
     service = str(_need(s, "service_name"))
     speculative = bool(s.get("speculative_enabled", True))
     dirs = {"root": root, "releases": f"{root}/releases", "current": f"{root}/current",
             "previous": f"{root}/previous", "drafters": f"{root}/drafters", "bin": f"{root}/bin",
-            "cache": f"{root}/cache"}
+            "cache": f"{root}/cache", "server_cache": f"{root}/cache/server"}
+    user = str(s.get("service_user") or "vllm")
+    if not _USER_RE.match(user) or user == "root":
+        raise PlanError(f"service_user: got {user!r}, expected a system user name other than root "
+                        "([a-z_][a-z0-9_-]*, at most 31 characters)")
+    bind = str(s.get("host", "0.0.0.0"))
+    api_protected = bool(s.get("api_key")) or is_loopback(bind)
+    if not api_protected and not s.get("allow_unauthenticated"):
+        raise PlanError(f"host: got {bind!r} with no API key: the API would be open to the network. Set "
+                        "deployer_api_key (or DEPLOYER_API_KEY), bind deployer_host: 127.0.0.1, or set "
+                        "deployer_allow_unauthenticated: true to accept an open API")
+    writable = [str(p) for p in (s.get("writable_paths") or [])]
+    for p in writable:
+        if not re.match(r"^-?/[^\s\0]*$", p) or ".." in p.split("/"):
+            raise PlanError(f"writable_paths: got {p!r}, expected absolute paths (a leading '-' means optional)")
+    devices = [str(d) for d in (s.get("device_allow") or [])]
+    for d in devices:
+        if not _DEVICE_RE.match(d):
+            raise PlanError(f"device_allow: got {d!r}, expected 'char-<name from /proc/devices> rw' or '/dev/<node> rw'")
 
     drafter = None
     if speculative:
@@ -97,7 +142,11 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     except serve.ServeConfigError as e:
         raise PlanError(str(e)) from e
 
-    env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400)))}
+    sc = dirs["server_cache"]
+    # every cache the engine writes lives in the service user's home, shared by releases (warm restarts)
+    env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),
+           "VLLM_CACHE_ROOT": f"{sc}/vllm", "TRITON_CACHE_DIR": f"{sc}/triton", "HF_HOME": f"{sc}/huggingface",
+           "XDG_CACHE_HOME": f"{sc}/xdg"}
     for k, v in sorted({**(s.get("nccl_env") or {}), **(s.get("env_extra") or {})}.items()):
         if not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit():
             raise PlanError(f"environment variable name: got {k!r}, expected [A-Za-z_][A-Za-z0-9_]*")
@@ -110,12 +159,15 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     return {
         "backend": backend, "vllm_version": version, "venv": venv, "python": f"{venv}/bin/python",
         "patch_state": "present" if patched else "absent",
-        "service": service, "unit_path": f"/etc/systemd/system/{service}.service",
+        "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,
+        "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": devices},
+        "api_protected": api_protected,
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
         "restart_delay_seconds": restart_delay, "dirs": dirs,
         "release_inputs": {"argv": argv, "vllm": version, "drafter": drafter["tree_sha256"] if drafter else None,
-                           "env": env, "secrets": secrets_hash, "restart_delay": restart_delay},
+                           "env": env, "secrets": secrets_hash, "restart_delay": restart_delay,
+                           "user": user, "writable": writable, "devices": devices, "unit_format": UNIT_FORMAT},
     }
 
 

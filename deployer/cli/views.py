@@ -28,6 +28,29 @@ def _ts(t) -> str:
     return time.strftime("%m-%d %H:%M", time.localtime(float(t))) if t else "-"
 
 
+def _num(v) -> str:
+    return "-" if v is None or v == "" else str(v)
+
+
+def _prewarm(p) -> str:
+    """Seconds when the prewarm ran; 'skip' / 'off' when it did not (the note says why: --json)."""
+    if not p:
+        return "-"
+    return _num(p.get("seconds")) if p.get("state") == "done" else {"skipped": "skip", "disabled": "off"}.get(
+        p.get("state"), str(p.get("state")))
+
+
+def _phases(ps) -> str:
+    """The load's parts in load order: ' (weights 412s, drafter 9s, torch.compile 35s, ...)'."""
+    from deployer.ansible_plugins.module_utils.vllm_logs import PHASE_TITLES, PHASES
+    parts = [f"{PHASE_TITLES.get(k, k)} {ps[k]:.0f}s" for k in PHASES if isinstance((ps or {}).get(k), (int, float))]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _api(protected) -> str:
+    return "-" if protected is None else ("key" if protected else "[red]OPEN[/]")
+
+
 def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
              inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
              extra: Extra = None, as_json: Json = False):
@@ -39,13 +62,15 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
         return
     for h, st in sorted(data.items()):
         t = Table(title=f"{h}: releases")
-        for c in ("", "id", "vLLM", "patch", "result", "deployed", "load s", "compile", "accept"):
+        for c in ("", "id", "vLLM", "patch", "result", "deployed", "down s", "load s", "prewarm s", "compile",
+                  "accept", "API"):
             t.add_column(c, no_wrap=True)
         for r in st.get("releases", []):   # newest first (deployer_state sorts them)
             mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
-            t.add_row(mark, r["id"], str(r.get("vllm_version") or "-"), str(r.get("patch_fingerprint") or "native"),
-                      str(r.get("result") or "-"), _ts(r.get("deployed_at")), str(r.get("load_seconds") or "-"),
-                      str(r.get("compile_cache") or "-"), str(r.get("acceptance_rate") or "-"))
+            t.add_row(mark, r["id"], str(r.get("vllm_version") or "-"), str(r.get("patch_fingerprint") or "native")[:12],
+                      str(r.get("result") or "-"), _ts(r.get("deployed_at")), _num((r.get("downtime") or {}).get("seconds")),
+                      _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
+                      _num(r.get("acceptance_rate")), _api(r.get("api_protected")))
         out.print(t)
         if st.get("lock"):
             out.print(f"[yellow]locked[/] by {st['lock']}")
@@ -67,6 +92,14 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
         out.print(f"[bold]{h}[/]: release {st.get('current') or '-'} (previous {st.get('previous') or '-'}); "
                   f"unit {unit.get('ActiveState', '?')} since {unit.get('ActiveEnterTimestamp') or '-'}, "
                   f"restarts {unit.get('NRestarts', '?')}; health {st.get('health')}")
+        live = next((r for r in st.get("releases", []) if r["id"] == st.get("current")), {})
+        down = (live.get("downtime") or {}).get("seconds")
+        api = live.get("api_protected")
+        out.print("  API " + ("protected (API key or loopback only)" if api else
+                              "[red]OPEN[/] to the network (no API key)" if api is not None else "protection unknown")
+                  + f"; last deploy: downtime {_num(down)} s, load {_num(live.get('load_seconds'))} s, "
+                  f"prewarm {_prewarm(live.get('prewarm'))} s, compile cache {live.get('compile_cache') or '-'}"
+                  + _phases(live.get("phase_seconds")))
         lock = st.get("lock")
         out.print(f"  GPU memory in use: {sum(gpu)} MiB over {len(gpu)} GPUs; EAGLE-3 acceptance rate "
                   f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}"

@@ -109,6 +109,19 @@ def controller_key() -> Path:
     return key
 
 
+def api_key() -> str:
+    """The sandbox servers' API key (made once, 0600): a sandbox host serves its bridge address, and the
+    deployer refuses a non-loopback server without a key (deployer_allow_unauthenticated)."""
+    path = STATE / "api_key"
+    if not path.exists():
+        import secrets
+        STATE.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("sbx-" + secrets.token_urlsafe(24))
+    return path.read_text().strip()
+
+
 # ------------------------------------------------------------------ the simulated GPU box
 def kimi_config(num_layers: int = 61) -> dict:
     """A Kimi-K2.5-shaped config.json (vLLM's KimiK25Config reads text_config as DeepseekV3Config)."""
@@ -216,6 +229,10 @@ def _prepare_upper(h: Host, pubkey: str) -> Path:
     os.chmod(bin_ / "nvidia-smi", 0o755)
     lib = mk("usr/local/lib/deployer-sandbox")
     shutil.copy(HERE / "standin.py", lib / "vllm_standin.py")
+    # the stand-in's own bookkeeping (argv.json, ready/died marks): it runs as the unprivileged service
+    # user under ProtectSystem=strict, so the directory is made at boot and allowed in the inventory
+    tmpfiles = mk("etc/tmpfiles.d")
+    (tmpfiles / "deployer-standin.conf").write_text("d /run/deployer-standin 1777 root root -\n")
     knobs = mk(KNOBS_DIR.lstrip("/"))
     (knobs / "gpus.json").write_text("{}\n")
     (knobs / "standin.json").write_text("{}\n")
@@ -334,10 +351,13 @@ def write_client_files(hosts: list[Host]) -> None:
         "vllm_install_offline": True,
         "deployer_drafter_src_dir": str(STATE / "drafter"),
         "deployer_model_dir": MODEL_DIR,
+        "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),
+        "deployer_writable_paths": ["-/run/deployer-standin"],
     }}}}}
     (STATE / "inventory.yml").write_text(
         "# Written by `deployer sandbox start`.  Sandbox hosts only.\n" + yaml.safe_dump(inv, sort_keys=False))
     write_drafter_dir(STATE / "drafter")
+    api_key()
 
 
 def hosts_on_disk() -> list[Host]:

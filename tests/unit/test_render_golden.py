@@ -17,13 +17,18 @@ def settings(**over):
     """roles/deployer/defaults/main.yml as make_plan's settings (the deployer_ prefix dropped)."""
     d = yaml.safe_load((ROOT / "roles/deployer/defaults/main.yml").read_text())
     s = {k[len("deployer_"):]: v for k, v in d.items()}
-    s.update(root=d["deployer_root"], extra_args=["--root-path", "/a b'\";$(x) %n $HOME"], **over)
+    s.update(root=d["deployer_root"], extra_args=["--root-path", "/a b'\";$(x) %n $HOME"],
+             patch_engine_id="0e0e0e0e",                      # the golden file must not change with the engine
+             device_allow=["char-nvidia-frontend rw", "char-nvidia-uvm rw"],   # what preflight reads on a GPU host
+             allow_unauthenticated=not over.get("api_key"))
+    s.update(over)
     return s
 
 
 def render(tmp_path, **extra):
     drafter = {"src": "/home/op/drafter", "files": [], "tree_sha256": "0123456789abcdef" * 4, "bytes": 0}
     plan = make_plan(settings(**{k[len("deployer_"):]: v for k, v in extra.items()}), drafter)
+    assert plan["api_protected"] == bool(extra.get("deployer_api_key"))
     vars_ = dict(render_plan=plan, render_patch={"fingerprint": "f00", "patches": ["P1", "P2", "P3", "P4", "P5"]},
                  __render_id="r0123456789a", __render_dir="/opt/deployer/releases/r0123456789a",
                  deployer_api_key=extra.get("deployer_api_key", ""), deployer_hf_token=extra.get("deployer_hf_token", ""),

@@ -543,15 +543,18 @@ def read_manifest(root):
 
 
 def _atomic_write(path, data, mode=None):
+    """Temp file + rename (never edits in place: the venv's files may be hard links into uv's cache).
+    The mode is the replaced file's (else 0644): mkstemp's 0600 would hide the file from the service user."""
     d = os.path.dirname(path)
+    if mode is None:
+        mode = (os.stat(path).st_mode & 0o7777) if os.path.exists(path) else 0o644
     fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=d)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode)
         os.rename(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

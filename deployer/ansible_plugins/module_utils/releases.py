@@ -50,9 +50,22 @@ def plan_prune(releases, keep, protected_ids):
     return sorted(r["id"] for r in releases if r["id"] not in kept)
 
 
+def plan_collect(store_dir, present, kept_manifests, key, in_use=()):
+    """Pure: which entries of a shared store (venvs/, drafters/) no kept release uses.  ``present``: the
+    names in ``store_dir``; ``key``: the manifest field holding the path ("venv", "drafter_dir");
+    ``in_use``: paths the running deploy needs (its own venv and drafter), never collected.  Hidden
+    names (``.incoming-*``: a resumable drafter copy) are left alone, except ``.trash-*`` (a removal
+    that was interrupted)."""
+    keep = {os.path.normpath(p) for p in in_use if p}
+    keep |= {os.path.normpath(m[key]) for m in kept_manifests if m.get(key)}
+    return sorted(n for n in present if n.startswith(".trash-")
+                  or (not n.startswith(".") and os.path.normpath(os.path.join(store_dir, n)) not in keep))
+
+
 SUMMARY_KEYS = ("id", "vllm_version", "patch_fingerprint", "drafter_tree_sha256", "result", "deployed_at",
                 "created_at", "user", "controller", "phase_seconds", "load_seconds", "acceptance_rate",
-                "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform")
+                "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",
+                "api_protected", "service_user", "downtime", "prewarm")
 
 
 def _link(root, name):

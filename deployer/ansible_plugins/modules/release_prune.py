@@ -9,6 +9,8 @@ short_description: Keep the newest N release directories, never the live one or 
 description:
   - Release directories hold only small files (argv, env, unit, manifest); venvs and drafters are shared
     and content-addressed, so pruning a release never deletes what another release uses.
+  - With I(venvs_dir) / I(drafters_dir), the venvs and drafters no kept release names (and that are not
+    in I(in_use)) are removed too, so the disk a pruned release held is given back.
 options:
   releases_dir:
     description: Directory holding one sub-directory per release.
@@ -20,6 +22,17 @@ options:
     default: 5
   protect:
     description: Symlinks (e.g. current, previous) whose targets are never pruned.
+    type: list
+    elements: path
+    default: []
+  venvs_dir:
+    description: The shared venv store; venvs no kept release uses are removed. Omit to keep all.
+    type: path
+  drafters_dir:
+    description: The shared drafter store; drafters no kept release uses are removed. Omit to keep all.
+    type: path
+  in_use:
+    description: Paths the running deploy needs (its venv and drafter), never removed.
     type: list
     elements: path
     default: []
@@ -40,6 +53,9 @@ EXAMPLES = r"""
     releases_dir: /opt/deployer/releases
     keep: 5
     protect: [/opt/deployer/current, /opt/deployer/previous]
+    venvs_dir: /opt/deployer/venvs
+    drafters_dir: /opt/deployer/drafters
+    in_use: [/opt/deployer/venvs/vllm-0.16.0-p1a2b3c4d]
 """
 
 RETURN = r"""
@@ -51,23 +67,29 @@ kept:
   description: Release ids kept.
   returned: always
   type: list
+collected:
+  description: Venv and drafter directories removed because no kept release uses them.
+  returned: always
+  type: list
 """
 
 import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import plan_prune, read_release
+from ansible.module_utils.releases import plan_collect, plan_prune, read_release
 
 
 def main():
     m = AnsibleModule(argument_spec=dict(releases_dir=dict(type="path", required=True),
                                          keep=dict(type="int", default=5),
-                                         protect=dict(type="list", elements="path", default=[])),
+                                         protect=dict(type="list", elements="path", default=[]),
+                                         venvs_dir=dict(type="path"), drafters_dir=dict(type="path"),
+                                         in_use=dict(type="list", elements="path", default=[])),
                       supports_check_mode=True)
     root = m.params["releases_dir"]
     if not os.path.isdir(root):
-        m.exit_json(changed=False, removed=[], kept=[])
+        m.exit_json(changed=False, removed=[], kept=[], collected=[])
     releases = []
     for name in sorted(os.listdir(root)):
         d = os.path.join(root, name)
@@ -81,11 +103,24 @@ def main():
         if os.path.islink(link):
             protected.add(os.path.basename(os.path.realpath(link)))
     removed = plan_prune(releases, m.params["keep"], protected)
+    kept = [r for r in releases if r["id"] not in removed]
+    collected = []
+    for store, key in ((m.params["venvs_dir"], "venv"), (m.params["drafters_dir"], "drafter_dir")):
+        if store and os.path.isdir(store):
+            names = plan_collect(store, os.listdir(store), kept, key, m.params["in_use"])
+            collected += [os.path.join(store, n) for n in names]
     if not m.check_mode:
         for rid in removed:
             shutil.rmtree(os.path.join(root, rid))
-    m.exit_json(changed=bool(removed), removed=removed,
-                kept=sorted(r["id"] for r in releases if r["id"] not in removed))
+        for path in collected:
+            # rename first: a half-deleted venv must never look complete (its marker goes first)
+            name = os.path.basename(path)
+            trash = path if name.startswith(".trash-") else os.path.join(os.path.dirname(path), ".trash-" + name)
+            if trash != path:
+                os.rename(path, trash)
+            shutil.rmtree(trash)
+    m.exit_json(changed=bool(removed or collected), removed=removed, collected=collected,
+                kept=sorted(r["id"] for r in kept))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,10 @@ elapsed_seconds:
   description: Seconds since the unit (re)started.
   returned: always
   type: float
+ready_at:
+  description: The host's clock (epoch seconds) when /health first answered 200 (the end of the downtime).
+  returned: when state is ready
+  type: float
 phase_seconds:
   description: Seconds spent in each phase so far.
   returned: always
@@ -200,7 +204,7 @@ def look(module, p):
         return res
     code = health(p["port"])
     if code == 200 and snap["phase"] in ("api", "ready"):
-        res.update(state="ready", phase="ready", phase_title="ready")
+        res.update(state="ready", phase="ready", phase_title="ready", ready_at=round(time.time(), 3))
         return res
     limits = p["stall_seconds"] or {}
     limit = float(limits.get(snap["phase"], limits.get("default", 0)) or 0)
