@@ -12,6 +12,20 @@ from helpers import ROOT
 
 SVC = "deployer-vllm"
 
+
+def venv(version="0.16.0", patched=True):
+    """Where the deployer puts a vLLM venv on a host (one per version and patch engine: deployer/plan.py)."""
+    from deployer.plan import patch_engine_id
+    return f"/opt/deployer/venvs/vllm-{version}" + (f"-p{patch_engine_id()}" if patched else "")
+
+
+def auth():
+    """curl's Authorization header for the sandbox servers (they serve their bridge address: keyed)."""
+    import shlex
+
+    from deployer.sandbox import hosts as sb
+    return "-H " + shlex.quote("Authorization: Bearer " + sb.api_key())
+
 needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
                                    reason="sandbox tests need root and systemd-nspawn (scripts/dev.sh installs it)")
 

@@ -8,7 +8,20 @@ import json
 
 import pytest
 
-from sandbox_helpers import FAST, SVC, fail_with, flat, health, knobs, needs_sandbox, sandbox_hosts, sh, stages, up
+from sandbox_helpers import (
+    FAST,
+    SVC,
+    auth,
+    fail_with,
+    flat,
+    health,
+    knobs,
+    needs_sandbox,
+    sandbox_hosts,
+    sh,
+    stages,
+    up,
+)
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -75,7 +88,7 @@ def test_speculative_disabled_serves_without_a_drafter():
     argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
     assert "--speculative-config" not in argv
     assert stages(r.stderr, H).get("drafter") == "skipped"
-    assert "no speculation" in sh(H, "curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' "
+    assert "no speculation" in sh(H, f"curl -s {auth()} localhost:8000/v1/chat/completions -H 'content-type: application/json' "
                                      "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'")
 
 

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up
+from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 HOSTS = ["sbx1", "sbx2", "sbx3"]
@@ -23,7 +23,7 @@ def test_parallel_then_rolling_stops_at_broken_host():
     assert r.returncode == 0, r.stderr
     for h in HOSTS:
         assert stages(r.stderr, h)["install"] == "changed", r.stderr
-        assert sh(h, "cat /opt/deployer/venvs/vllm-0.16.0/.deployer-installed") == "0.16.0"
+        assert sh(h, f"cat {venv()}/.deployer-installed") == "0.16.0"
     assert sh("sbx2", "test -e /opt/deployer/bin/uv && echo shipped || echo own") == "own"
     assert sh("sbx1", "test -x /opt/deployer/bin/uv && echo shipped || echo own") == "shipped"
     for h in HOSTS:

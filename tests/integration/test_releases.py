@@ -8,7 +8,7 @@ import time
 import pytest
 
 from helpers import CACHE
-from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up
+from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -32,7 +32,7 @@ def test_up_noop_change_rollback():
     assert r.returncode == 0, r.stderr
     first = sh(H, "readlink /opt/deployer/current")
     first_argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
-    marker = sh(H, "stat -c %Y /opt/deployer/venvs/vllm-0.16.0/.deployer-installed")
+    marker = sh(H, f"stat -c %Y {venv()}/.deployer-installed")
     pid = main_pid(H)
 
     r = up()  # no-op: no new release, nothing restarted
@@ -55,7 +55,7 @@ def test_up_noop_change_rollback():
     assert sh(H, "readlink /opt/deployer/current") == first
     assert sh(H, "readlink /opt/deployer/previous") == second
     assert json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"] == first_argv[2:]
-    assert sh(H, "stat -c %Y /opt/deployer/venvs/vllm-0.16.0/.deployer-installed") == marker
+    assert sh(H, f"stat -c %Y {venv()}/.deployer-installed") == marker
     last = audit()[-1]
     assert last["command"] == "rollback" and last["result"] == "ok" and "watch" in last["stage_seconds"]
 
@@ -227,14 +227,13 @@ def test_rollback_to_a_named_release_and_one_whose_venv_is_gone():
     assert sh(H, "basename $(readlink /opt/deployer/previous)") == live
     # a target whose venv is gone is refused before anything restarts
     pid = main_pid(H)
-    sh(H, "mv /opt/deployer/venvs/vllm-0.16.0/.deployer-installed /root/marker")
+    sh(H, f"mv {venv()}/.deployer-installed /root/marker")
     try:
         r = deployer("rollback", "--sandbox", "--to", live)
     finally:
-        sh(H, "mv /root/marker /opt/deployer/venvs/vllm-0.16.0/.deployer-installed")
+        sh(H, f"mv /root/marker {venv()}/.deployer-installed")
     assert r.returncode == 3, r.stderr    # refused before anything changed
-    assert "rollback target needs files that are gone: /opt/deployer/venvs/vllm-0.16.0/.deployer-installed" \
-        in flat(r.stderr)
+    assert f"rollback target needs files that are gone: {venv()}/.deployer-installed" in flat(r.stderr)
     assert main_pid(H) == pid and sh(H, "basename $(readlink /opt/deployer/current)") == other
 
 

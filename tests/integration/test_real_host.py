@@ -1,0 +1,132 @@
+"""What a real GPU host needs beyond "it serves" (issue #11), on one sandbox host with real systemd:
+an unprivileged, confined server; no open API by accident; warm caches across releases; the page
+cache prewarmed before the stop; downtime measured; venvs and drafters collected.  Each test says
+what it guards: it fails on a build without that property."""
+import json
+import re
+
+import pytest
+
+from sandbox_helpers import FAST, SVC, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, up, venv
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+H = "sbx1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    yield from sandbox_hosts(1)
+
+
+def manifest(rel="current"):
+    return json.loads(sh(H, f"cat /opt/deployer/{rel}/release.json"))
+
+
+def in_unit(cmd, as_service_user=True):
+    """Run ``cmd`` inside the live server's mount namespace (what ProtectSystem= etc. made of the file
+    system), as the service user or as root; returns 'ok' or the error."""
+    ids = "-S $(id -u vllm) -G $(id -g vllm)" if as_service_user else ""
+    return sh(H, f"nsenter -t $(systemctl show -p MainPID --value {SVC}) -m {ids} -- sh -c '{cmd}' 2>&1 "
+                 "&& echo ok || true")
+
+
+def test_01_server_runs_unprivileged_and_confined():
+    r = up()
+    assert r.returncode == 0, r.stdout + r.stderr
+    pid = main_pid(H)
+    # guards: the server never runs as root
+    assert sh(H, f"ps -o user= -p {pid}") == "vllm"
+    status = sh(H, f"cat /proc/{pid}/status")
+    assert re.search(r"^NoNewPrivs:\s+1$", status, re.M) and re.search(r"^CapEff:\s+0+$", status, re.M), status
+    # guards: the service user may write only its caches; the deploy root, venvs, model and /etc are
+    # read-only to the whole unit (ProtectSystem=strict), even to a root process inside it
+    for path in ("/opt/deployer/releases/x", "/opt/deployer/venvs/x", "/srv/models/Kimi-K2.5/x", "/etc/x",
+                 "/root/x", "/home/x"):
+        assert in_unit(f"touch {path}") != "ok", path
+    for path in ("/opt/deployer/venvs/x", "/srv/models/Kimi-K2.5/x", "/opt/deployer/current/x"):
+        assert "Read-only file system" in in_unit(f"touch {path}", as_service_user=False), path
+    assert in_unit("touch /opt/deployer/cache/server/vllm/probe && touch /tmp/probe") == "ok"
+    # the unit systemd runs says so itself (systemd-analyze's exposure score: 9.6 for the unhardened unit)
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)",
+                            sh(H, f"systemd-analyze security {SVC} --no-pager")).group(1))
+    assert score <= 4.0, score
+    # the deploy root is root's; the secrets file is root's 0600; nothing is world-writable
+    assert sh(H, "stat -c '%U %a' /opt/deployer /opt/deployer/current/vllm.env") == "root 755\nroot 600"
+    assert sh(H, "find /opt/deployer -path /opt/deployer/cache -prune -o -perm -o+w ! -type l -print") == ""
+    assert sh(H, "stat -c '%U %a' /opt/deployer/cache/server") == "vllm 750"
+
+
+def test_02_open_api_is_refused_before_anything_changes():
+    before = (main_pid(H), sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/releases"))
+    # guards: a non-loopback server with no API key never deploys by accident
+    r = up("-e", "deployer_api_key=", "-e", "deployer_max_model_len=4096")
+    assert r.returncode == 3, r.stdout + r.stderr
+    err = flat(r.stderr)
+    assert "host: got '0.0.0.0' with no API key" in err and "deployer_allow_unauthenticated: true" in err, err
+    assert (main_pid(H), sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/releases")) == before
+    # the explicit override is accepted (check mode: nothing changes) and the live release shows protected
+    r = up("--check", "-e", "deployer_api_key=", "-e", "deployer_allow_unauthenticated=true")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = deployer("status", "--sandbox")
+    assert "API protected" in flat(r.stdout), r.stdout
+    assert json.loads(deployer("releases", "--sandbox", "--json").stdout)[H]["releases"][0]["api_protected"] is True
+
+
+def test_03_warm_compile_cache_prewarm_before_the_stop_and_downtime():
+    first = manifest()
+    # guards: the compile cache is the service user's, shared by releases: the first start of a config
+    # compiles (miss), a later start of the same config loads from the cache (hit)
+    assert first["compile_cache"] == "miss", first
+    assert sh(H, "stat -c %U /opt/deployer/cache/server/vllm/torch_compile_cache") == "vllm"
+    r = up("-e", "deployer_max_model_len=65536", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    second = manifest()
+    assert "prewarm" in flat(r.stderr) and "read 0.0 GiB" in flat(r.stderr), r.stderr
+    # guards: the prewarm ran while the old server still served, and the downtime runs from the old
+    # server's last answer to the new one's first
+    pw, down = second["prewarm"], second["downtime"]
+    assert pw["state"] == "done" and pw["done_bytes"] == pw["total_bytes"] > 1 << 20, pw   # 64 shards + drafter
+    assert pw["finished_at"] < down["old_last_ok_at"] < down["new_first_ok_at"], (pw, down)
+    assert down["seconds"] == pytest.approx(down["new_first_ok_at"] - down["old_last_ok_at"], abs=0.1)
+    assert 0 < down["seconds"] < second["load_seconds"] + 15, (down, second["load_seconds"])
+
+    # the rollback restarts the first config: a cache hit; a prewarm that cannot fit is skipped and says why
+    r = deployer("rollback", "--sandbox", "-e", "prewarm_reserve_gib=100000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    back = manifest()
+    assert back["id"] == first["id"] and back["compile_cache"] == "hit", back
+    assert back["prewarm"]["state"] == "skipped" and "MemAvailable" in back["prewarm"]["note"], back["prewarm"]
+    assert "skipped: the files take" in flat(r.stderr), r.stderr
+    assert back["downtime"]["seconds"] > 0, back["downtime"]
+    # every number is shown: releases has a downtime, load, prewarm and compile column; status the parts
+    r = deployer("releases", "--sandbox")
+    rows = {m.group(0): line for line in r.stdout.splitlines() if (m := re.search(r"\b[0-9a-f]{12}\b", line))}
+    assert "hit" in rows[first["id"]] and "skip" in rows[first["id"]], r.stdout
+    assert str(back["downtime"]["seconds"]) in rows[first["id"]], r.stdout
+    r = deployer("status", "--sandbox")
+    assert f"downtime {back['downtime']['seconds']} s" in flat(r.stdout) and "loading weights" in r.stdout, r.stdout
+
+
+def test_04_disk_preflight_asks_only_for_what_is_missing():
+    # guards: a venv that is already installed is not asked for again (a no-op needs only the margin)
+    r = up("-e", "preflight_venv_disk_gib=100000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # a new vLLM version needs its venv: refused, naming each part of the sum
+    r = up("--check", "-e", "deployer_vllm_version=0.18.0", "-e", "preflight_venv_disk_gib=100000")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "(venv 100000 GiB + drafter 0.0 GiB + margin 5 GiB)" in flat(r.stderr), r.stderr
+
+
+def test_05_unused_venvs_and_drafters_are_collected_with_the_releases():
+    live_venv = manifest()["venv"]
+    assert live_venv == venv()
+    # what a pruned release or an older patch engine left behind, and an interrupted removal
+    sh(H, "mkdir -p /opt/deployer/venvs/vllm-0.15.1-p00000000/bin /opt/deployer/venvs/.trash-vllm-x "
+          "/opt/deployer/drafters/00000000deadbeef && touch /opt/deployer/venvs/vllm-0.15.1-p00000000/"
+          ".deployer-installed")
+    r = up("-e", "deployer_max_model_len=32768", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    left = sh(H, "ls -A /opt/deployer/venvs /opt/deployer/drafters")
+    # guards: venvs and drafters no kept release uses are removed; the ones releases use stay
+    assert "vllm-0.15.1-p00000000" not in left and ".trash-vllm-x" not in left and "00000000deadbeef" not in left
+    assert live_venv.rsplit("/", 1)[1] in left and manifest()["drafter_dir"].rsplit("/", 1)[1] in left
