@@ -137,6 +137,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
             "speculative": ({"method": "eagle3", "model": drafter["dir"],
                              "num_speculative_tokens": s.get("num_speculative_tokens", 3),
                              "extra": s.get("speculative_extra") or {}} if drafter else {}),
+            "safetensors_load_strategy": s.get("safetensors_load_strategy") or "",
+            "model_loader_extra_config": s.get("model_loader_extra_config") or {},
             "extra_args": s.get("extra_args") or [],
         })
     except serve.ServeConfigError as e:

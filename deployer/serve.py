@@ -17,8 +17,12 @@ from deployer.ansible_plugins.module_utils import envfile
 MANAGED_FLAGS = (
     "--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp",
     "--gpu-memory-utilization", "--max-model-len", "--trust-remote-code",
-    "--speculative-config", "-sc", "--api-key",
+    "--speculative-config", "-sc", "--api-key", "--safetensors-load-strategy", "--model-loader-extra-config",
 )
+# vLLM's LoadConfig.safetensors_load_strategy (vllm/config/load.py) and the default loader's only extra keys
+# (DefaultModelLoader.__init__: {"enable_multithread_load", "num_threads"}, vllm/model_executor/model_loader/default_loader.py)
+LOAD_STRATEGIES = ("lazy", "eager", "torchao")
+LOADER_EXTRA_KEYS = {"enable_multithread_load": bool, "num_threads": int}
 
 SPEC_METHODS = ("eagle3",)
 
@@ -51,7 +55,8 @@ def build_serve_argv(spec: dict) -> list[str]:
     ``spec`` keys: launcher (list), model, served_model_name, host, port,
     tensor_parallel_size, gpu_memory_utilization, max_model_len,
     trust_remote_code, speculative ({method, model, num_speculative_tokens, extra}
-    or None/{} for no speculation), extra_args (list of str).
+    or None/{} for no speculation), safetensors_load_strategy ("" = vLLM's default),
+    model_loader_extra_config (dict, {} = none), extra_args (list of str).
     """
     launcher = spec.get("launcher") or []
     if isinstance(launcher, str) or not launcher or not all(isinstance(a, str) and a for a in launcher):
@@ -75,6 +80,18 @@ def build_serve_argv(spec: dict) -> list[str]:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}", name):
         raise ServeConfigError(f"served_model_name: got {name!r}, expected 1-128 chars of [A-Za-z0-9._/:-]")
     host = spec.get("host") or "0.0.0.0"
+    strategy = spec.get("safetensors_load_strategy") or ""
+    if strategy and strategy not in LOAD_STRATEGIES:
+        raise ServeConfigError(f"safetensors_load_strategy: got {strategy!r}, expected one of {list(LOAD_STRATEGIES)} "
+                               "or empty for vLLM's default")
+    loader = spec.get("model_loader_extra_config") or {}
+    if not isinstance(loader, dict):
+        raise ServeConfigError(f"model_loader_extra_config: got {loader!r}, expected a mapping")
+    for k, v in loader.items():
+        want = LOADER_EXTRA_KEYS.get(k)
+        if want is None or not isinstance(v, want) or (want is int and (isinstance(v, bool) or v < 1)):
+            raise ServeConfigError(f"model_loader_extra_config: got {k}={v!r}, expected enable_multithread_load "
+                                   "(true/false) and num_threads (a positive integer)")
     extra = spec.get("extra_args") or []
     if isinstance(extra, str) or not all(isinstance(a, str) for a in extra):
         raise ServeConfigError(f"extra_args: got {extra!r}, expected a list of strings (one argv word each)")
@@ -101,6 +118,10 @@ def build_serve_argv(spec: dict) -> list[str]:
         argv += ["--speculative-config",
                  speculative_config(sp.get("method", "eagle3"), sp.get("model", ""),
                                     sp.get("num_speculative_tokens", 3), sp.get("extra"))]
+    if strategy:
+        argv += ["--safetensors-load-strategy", strategy]
+    if loader:
+        argv += ["--model-loader-extra-config", json.dumps(loader, sort_keys=True, separators=(",", ":"))]
     argv += list(extra)
     return argv
 

@@ -1,5 +1,6 @@
 """The vllm serve argv (built in one place) and systemd quoting."""
 import json
+import re
 
 import pytest
 
@@ -96,3 +97,17 @@ def test_newlines_refused():
 
 def test_env_quote_escapes_dollar_and_quotes():
     assert systemd_env_quote('p"a$s`s\\') == '"p\\"a\\$s\\`s\\\\"'
+
+
+def test_load_knobs_reach_the_argv_and_bad_ones_are_refused():
+    argv = build_serve_argv(dict(BASE, safetensors_load_strategy="eager",
+                                 model_loader_extra_config={"num_threads": 16, "enable_multithread_load": True}))
+    assert argv[argv.index("--safetensors-load-strategy") + 1] == "eager"
+    assert argv[argv.index("--model-loader-extra-config") + 1] == '{"enable_multithread_load":true,"num_threads":16}'
+    assert "--safetensors-load-strategy" not in build_serve_argv(dict(BASE))     # "" = vLLM's own default
+    for bad, needle in ((dict(safetensors_load_strategy="fast"), "safetensors_load_strategy: got 'fast'"),
+                        (dict(model_loader_extra_config={"threads": 8}), "model_loader_extra_config: got threads=8"),
+                        (dict(model_loader_extra_config={"num_threads": 0}), "num_threads=0"),
+                        (dict(extra_args=["--safetensors-load-strategy", "eager"]), "set by the deployer")):
+        with pytest.raises(ServeConfigError, match=re.escape(needle)):
+            build_serve_argv(dict(BASE, **bad))

@@ -24,14 +24,14 @@ def clone(tmp_path_factory):
     return d
 
 
-def verify(clone, tmp_path, platform="cpu"):
+def verify(clone, tmp_path, platform="cpu", **load):
     write_model_dir(tmp_path / "model", shards=2)
     write_drafter_dir(tmp_path / "drafter")
     argv = build_serve_argv(dict(launcher=[str(clone / "bin/vllm")], model=str(tmp_path / "model"),
                                  served_model_name="kimi-k2.5", port=8000, tensor_parallel_size=8,
                                  gpu_memory_utilization=0.9, max_model_len=131072,
                                  speculative={"method": "eagle3", "model": str(tmp_path / "drafter"),
-                                              "num_speculative_tokens": 3}))
+                                              "num_speculative_tokens": 3}, **load))
     (tmp_path / "argv.json").write_text(json.dumps(argv))
     r = subprocess.run([str(clone / "bin/python"), str(ROOT / "roles/verify/files/vllm_verify.py"),
                         "--argv-json", str(tmp_path / "argv.json"), "--platform", platform],
@@ -57,7 +57,9 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
 
     root = pe.vllm_root_of(str(clone))
     assert pe.apply(root)["patches"] == ["P1", "P2", "P3", "P4", "P5"]
-    rc, checks = verify(clone, tmp_path / "after", platform="auto")
+    # the load knobs the deployer exposes pass vLLM's own parser and config (deployer/serve.py)
+    rc, checks = verify(clone, tmp_path / "after", platform="auto", safetensors_load_strategy="eager",
+                        model_loader_extra_config={"enable_multithread_load": True, "num_threads": 8})
     assert rc == 0, checks
     assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
                                                    "DeepseekV2ForCausalLM": True}
