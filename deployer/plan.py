@@ -41,8 +41,14 @@ from deployer import serve
 
 BACKENDS = ("vllm",)
 SECRET_KEYS = ("api_key", "hf_token")
-# Bumped whenever the unit template changes meaning: a release id names exactly one unit.
-UNIT_FORMAT = 2
+# The unit and env-file templates are part of what names a release: a changed template is a new release
+# (never the same id with different files), and a release's recorded unit is the one it was verified with.
+_TEMPLATES = [Path(__file__).resolve().parent.parent / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2")]
+
+
+def templates_hash() -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in _TEMPLATES)).hexdigest()[:12]
+
 _PATCH_ENGINE = Path(__file__).parent / "ansible_plugins" / "module_utils" / "eagle3_patch.py"
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 _DEVICE_RE = re.compile(r"^(char-[A-Za-z0-9_.-]+|/dev/[A-Za-z0-9_./-]+)( [rwm]{1,3})?$")
@@ -169,7 +175,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "restart_delay_seconds": restart_delay, "dirs": dirs,
         "release_inputs": {"argv": argv, "vllm": version, "drafter": drafter["tree_sha256"] if drafter else None,
                            "env": env, "secrets": secrets_hash, "restart_delay": restart_delay,
-                           "user": user, "writable": writable, "devices": devices, "unit_format": UNIT_FORMAT},
+                           "user": user, "writable": writable, "devices": devices, "templates": templates_hash()},
     }
 
 
@@ -177,3 +183,52 @@ def release_id(plan: dict, patch_fingerprint: str | None) -> str:
     """A release is named by the hash of everything that defines it: an unchanged deploy renders the
     same release, changes nothing and restarts nothing."""
     return content_hash(dict(plan["release_inputs"], patch=patch_fingerprint))
+
+
+# ------------------------------------------------------------------ the no-op check (one round trip)
+def expected_release(the_plan: dict, state: dict) -> dict:
+    """From the plan and one ``deployer_state`` probe: the release the full deploy would render, with the
+    patch fingerprint and patches it would record, and what already differs (``reasons``)."""
+    probe = state.get("probe") or {}
+    venv = probe.get("venv") or {}
+    reasons = []
+    fp, patches = None, []
+    if not venv.get("installed"):
+        reasons.append(f"venv {the_plan['venv']} is not installed")
+    elif venv.get("state") == "error":
+        reasons.append(f"venv {the_plan['venv']}: {venv.get('error')}")
+    elif the_plan["patch_state"] == "present":
+        if venv.get("state") == "patched":
+            fp, patches = venv.get("fingerprint"), list(venv.get("patches") or [])
+        elif venv.get("state") != "native":
+            reasons.append(f"venv {the_plan['venv']}: EAGLE-3 patches not applied ({venv.get('state')})")
+    elif venv.get("state") not in ("unpatched", "native"):
+        reasons.append(f"venv {the_plan['venv']}: carries patches, the plan wants the pristine wheel")
+    return {"id": release_id(the_plan, fp), "fingerprint": fp, "patches": patches, "reasons": reasons}
+
+
+def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, env_sha256: str) -> dict:
+    """Pure: is the planned release already live and serving, exactly?  ``unit_sha256``/``env_sha256``: the
+    unit and env file the render stage would write, rendered on the controller.  Every check is on the
+    host's truth (files, systemd, /health), not on a record of an earlier run."""
+    probe = state.get("probe") or {}
+    unit = probe.get("unit") or {}
+    reasons = list(expected.get("reasons") or [])
+    if state.get("lock"):
+        reasons.append("a deploy lock is held")
+    if state.get("current") != expected["id"]:
+        reasons.append(f"live release {state.get('current')}, planned {expected['id']}")
+    if the_plan.get("drafter") and not probe.get("drafter_complete"):
+        reasons.append("the drafter is not in the store")
+    if not unit_sha256 or {state.get("unit_sha256"), probe.get("live_unit_sha256")} != {unit_sha256}:
+        reasons.append("the unit systemd runs differs from the planned one")
+    if not env_sha256 or probe.get("live_env_sha256") != env_sha256:
+        reasons.append("the live environment file differs from the planned one")
+    if (unit.get("ActiveState"), unit.get("SubState"), unit.get("NeedDaemonReload")) != ("active", "running", "no"):
+        reasons.append("the server is {}/{}{}".format(unit.get("ActiveState"), unit.get("SubState"),
+                                                     " (unit changed on disk)" if unit.get("NeedDaemonReload") == "yes"
+                                                     else ""))
+    if probe.get("health") != 200:
+        reasons.append(f"/health answered {probe.get('health')}")
+    return {"noop": not reasons, "release": expected["id"], "fingerprint": expected["fingerprint"],
+            "patches": expected["patches"], "reasons": reasons}

@@ -130,3 +130,46 @@ def test_05_unused_venvs_and_drafters_are_collected_with_the_releases():
     # guards: venvs and drafters no kept release uses are removed; the ones releases use stay
     assert "vllm-0.15.1-p00000000" not in left and ".trash-vllm-x" not in left and "00000000deadbeef" not in left
     assert live_venv.rsplit("/", 1)[1] in left and manifest()["drafter_dir"].rsplit("/", 1)[1] in left
+
+
+def events(r):
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+
+
+def test_06_noop_reads_the_host_once_and_still_proves_the_truth():
+    r = up("--json")     # the defaults become live again (test_05 left another release live)
+    assert r.returncode == 0 and events(r)[-1]["hosts"][H]["noop_reasons"], r.stdout + r.stderr
+    pid = main_pid(H)
+    lines = int(sh(H, "wc -l < /opt/deployer/audit.jsonl"))
+    r = up("--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = events(r)[-1]["hosts"][H]
+    # guards: nothing to do is decided from one probe; no stage runs, nothing restarts, one audit line
+    assert result["noop_checked"] is True and result["release_was_live"] is True and not result["restarted"], result
+    assert not [e for e in events(r) if e.get("event") == "stage"], r.stdout
+    assert main_pid(H) == pid and int(sh(H, "wc -l < /opt/deployer/audit.jsonl")) == lines + 1
+    assert json.loads(sh(H, "tail -1 /opt/deployer/audit.jsonl"))["changed"] is False
+    # a live file edited by hand is not trusted: the full deploy runs and puts it right
+    sh(H, "echo 'VLLM_LOGGING_LEVEL=DEBUG' >> /opt/deployer/current/vllm.env")
+    r = up("--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert events(r)[-1]["hosts"][H]["noop_reasons"] == ["the live environment file differs from the planned one"]
+    assert "VLLM_LOGGING_LEVEL" not in sh(H, "cat /opt/deployer/current/vllm.env")
+    # a server that is down is not a no-op either
+    sh(H, f"systemctl stop {SVC}")
+    r = up()
+    assert r.returncode == 0 and sh(H, f"systemctl is-active {SVC}") == "active", r.stdout + r.stderr
+
+
+def test_07_a_verified_launch_is_not_verified_again():
+    r = up("-e", "deployer_max_model_len=16384")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "accepts this launch" in flat(r.stderr) and "cached" not in flat(r.stderr), r.stderr
+    assert deployer("rollback", "--sandbox").returncode == 0
+    # guards: the same launch on the same code reuses vLLM's verdict (keyed by argv, patch fingerprint,
+    # vLLM version, model config, platform, verifier); a different launch is verified afresh
+    r = up("-e", "deployer_max_model_len=16384")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cached: this launch passed on" in flat(r.stderr), r.stderr
+    keys = sh(H, "ls /opt/deployer/cache/verify").split()
+    assert keys and all(re.fullmatch(r"[0-9a-f]{64}\.json", k) for k in keys), keys

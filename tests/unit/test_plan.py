@@ -69,3 +69,54 @@ def test_patch_engine_id_follows_the_engine_source():
     import hashlib
     src = planmod._PATCH_ENGINE.read_bytes()
     assert planmod.patch_engine_id() == hashlib.sha256(src).hexdigest()[:8]
+
+
+# ------------------------------------------------------------------ the no-op check
+def _live(**over):
+    """A host where the planned release is live and healthy, as deployer_state's probe reports it."""
+    p = make_plan(settings(), DRAFTER)
+    exp = planmod.expected_release(p, {"probe": {"venv": {"installed": True, "state": "patched",
+                                                          "fingerprint": "fp1", "patches": ["P1"]}}})
+    state = {"lock": None, "current": exp["id"], "unit_sha256": "u", "probe": {
+        "venv": {"installed": True, "state": "patched", "fingerprint": "fp1", "patches": ["P1"]},
+        "drafter_complete": True, "live_env_sha256": "e", "live_unit_sha256": "u", "health": 200,
+        "unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "no"}}}
+    for k, v in over.items():
+        (state["probe"] if k in state["probe"] else state)[k] = v
+    return p, state
+
+
+def test_noop_when_everything_matches():
+    p, st = _live()
+    exp = planmod.expected_release(p, st)
+    got = planmod.noop_check(exp, st, p, "u", "e")
+    assert got["noop"] and got["reasons"] == [] and got["fingerprint"] == "fp1" and got["patches"] == ["P1"]
+
+
+@pytest.mark.parametrize("over,unit,env,reason", [
+    ({"lock": {"user": "x"}}, "u", "e", "a deploy lock is held"),
+    ({"current": "other"}, "u", "e", "live release other, planned"),
+    ({"drafter_complete": False}, "u", "e", "the drafter is not in the store"),
+    ({}, "u2", "e", "the unit systemd runs differs"),
+    ({"unit_sha256": "tampered"}, "u", "e", "the unit systemd runs differs"),
+    ({}, "u", "e2", "the live environment file differs"),
+    ({"health": 503}, "u", "e", "/health answered 503"),
+    ({"unit": {"ActiveState": "activating", "SubState": "auto-restart", "NeedDaemonReload": "no"}}, "u", "e",
+     "the server is activating/auto-restart"),
+    ({"unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "yes"}}, "u", "e",
+     "(unit changed on disk)"),
+    ({"venv": {"installed": False}}, "u", "e", "is not installed"),
+    ({"venv": {"installed": True, "state": "error", "error": "drift: x.py"}}, "u", "e", "drift: x.py"),
+    ({"venv": {"installed": True, "state": "unpatched"}}, "u", "e", "EAGLE-3 patches not applied (unpatched)"),
+])
+def test_anything_that_differs_runs_the_full_deploy(over, unit, env, reason):
+    # guards: a no-op is decided on the host's truth; each difference is named
+    p, st = _live(**over)
+    got = planmod.noop_check(planmod.expected_release(p, st), st, p, unit, env)
+    assert not got["noop"] and any(reason in r for r in got["reasons"]), got["reasons"]
+
+
+def test_a_changed_patch_fingerprint_is_a_different_release():
+    p, st = _live(venv={"installed": True, "state": "patched", "fingerprint": "fp2", "patches": ["P1"]})
+    got = planmod.noop_check(planmod.expected_release(p, st), st, p, "u", "e")
+    assert not got["noop"] and any("planned" in r for r in got["reasons"])

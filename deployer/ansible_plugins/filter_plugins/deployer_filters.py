@@ -50,6 +50,14 @@ def deployer_plan(settings, drafter_manifest=None):
         raise AnsibleFilterError(str(e)) from e
 
 
+def deployer_plan_or_none(settings, drafter_manifest=None):
+    """The plan, or None when the settings are bad (the full path's preflight then reports them)."""
+    try:
+        return plan.make_plan(settings, drafter_manifest or None)
+    except (plan.PlanError, TypeError, ValueError, KeyError):
+        return None
+
+
 def release_id(the_plan, patch_fingerprint=None):
     return plan.release_id(the_plan, patch_fingerprint)
 
@@ -63,6 +71,9 @@ class FilterModule(object):
     def filters(self):
         return {
             "deployer_plan": deployer_plan,
+            "deployer_plan_or_none": deployer_plan_or_none,
+            "deployer_expected_release": plan.expected_release,
+            "deployer_noop": plan.noop_check,
             "release_id": release_id,
             "systemd_exec_start": serve.exec_start,
             "systemd_env_quote": serve.systemd_env_quote,

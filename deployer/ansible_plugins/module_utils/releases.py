@@ -92,6 +92,81 @@ def release_needs(manifest):
     return need
 
 
+def _unit_props(service):
+    import subprocess
+    try:
+        out = subprocess.run(["systemctl", "show", service, "-p", "ActiveState", "-p", "SubState", "-p",
+                              "NeedDaemonReload", "-p", "NRestarts", "-p", "MainPID"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+
+
+def _health(port):
+    import socket
+    try:
+        s = socket.create_connection(("127.0.0.1", int(port)), timeout=3)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        s.settimeout(3)
+        s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        parts = s.recv(64).split(b" ", 2)
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def _nvidia_devices():
+    names, chars = [], False
+    try:
+        with open("/proc/devices") as f:
+            for line in f:
+                if line.startswith("Character devices:"):
+                    chars = True
+                elif not line.strip():
+                    chars = False
+                elif chars and len(line.split()) == 2 and line.split()[1].startswith("nvidia"):
+                    names.append(line.split()[1])
+    except OSError:
+        pass
+    return sorted(set(names))
+
+
+def _venv_state(venv):
+    """Is the venv complete, and what does its vLLM carry (patch engine status: hashes the patched files,
+    so a hand-edited file shows as drift, never as "patched")."""
+    out = {"path": venv, "installed": os.path.exists(os.path.join(venv, ".deployer-installed"))}
+    if not out["installed"]:
+        return out
+    try:
+        from ansible.module_utils import eagle3_patch as pe
+    except ImportError:
+        from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+    try:
+        st = pe.status(pe.vllm_root_of(venv))
+        out.update(state=st.get("state"), fingerprint=st.get("fingerprint"), patches=st.get("applied") or [])
+    except Exception as e:  # drift, an unsupported vLLM: not a no-op, and say why
+        out.update(state="error", error=str(e)[:500])
+    return out
+
+
+def probe(root, service, venv, drafter_dir, port):
+    """What a no-op ``up`` must know, in the same round trip: the venv the plan names (installed? patch
+    state and fingerprint), the drafter (complete?), the live release's env file and unit checksums, the
+    NVIDIA device classes (part of the unit), systemd's view of the server and its /health."""
+    cur = os.path.join(root, "current")
+    return {"venv": _venv_state(venv) if venv else None,
+            "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
+            "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
+            "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
+            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": _health(port)}
+
+
 def host_state(root, service, target=None, want_secrets=False):
     """Everything the deployer reads back from a host, in one call: releases (summaries, newest first),
     ``current``/``previous``, the lock holder, the live release's manifest, the checksum of the unit

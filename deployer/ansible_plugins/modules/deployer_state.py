@@ -29,6 +29,12 @@ options:
     description: Also return the target release's API key (use C(no_log) on the task).
     type: bool
     default: false
+  probe:
+    description:
+      - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
+        and port (keys C(venv), C(drafter_dir), C(port)).
+    type: dict
+    default: false
 attributes:
   check_mode:
     support: full
@@ -87,20 +93,32 @@ target:
   description: The release asked for with I(target) (id, found, dir, manifest, missing, api_key).
   returned: when target is given
   type: dict
+probe:
+  description:
+    - venv (path, installed, state, fingerprint, patches, error), drafter_complete, live_env_sha256,
+      live_unit_sha256, nvidia_devices, unit (ActiveState, SubState, NeedDaemonReload, NRestarts, MainPID),
+      health (HTTP status of /health, or null).
+  returned: when probe is given
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import host_state
+from ansible.module_utils.releases import host_state, probe
 
 
 def main():
     m = AnsibleModule(argument_spec=dict(root=dict(type="path", required=True),
                                          service=dict(type="str", required=True),
                                          target=dict(type="str"),
-                                         want_secrets=dict(type="bool", default=False)),
+                                         want_secrets=dict(type="bool", default=False),
+                                         probe=dict(type="dict")),
                       supports_check_mode=True)
     p = m.params
-    m.exit_json(changed=False, **host_state(p["root"], p["service"], p["target"], p["want_secrets"]))
+    out = host_state(p["root"], p["service"], p["target"], p["want_secrets"])
+    if p["probe"] is not None:
+        q = p["probe"]
+        out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), q.get("port"))
+    m.exit_json(changed=False, **out)
 
 
 if __name__ == "__main__":
