@@ -58,6 +58,11 @@ def deployer_plan_or_none(settings, drafter_manifest=None):
         return None
 
 
+def nvidia_device_allow(names, extra=None):
+    """``/proc/devices`` NVIDIA class names -> systemd ``DeviceAllow=`` entries, plus the operator's extras."""
+    return ["char-%s rw" % n for n in (names or [])] + list(extra or [])
+
+
 def release_id(the_plan, patch_fingerprint=None):
     return plan.release_id(the_plan, patch_fingerprint)
 
@@ -75,6 +80,7 @@ class FilterModule(object):
             "deployer_expected_release": plan.expected_release,
             "deployer_noop": plan.noop_check,
             "release_id": release_id,
+            "nvidia_device_allow": nvidia_device_allow,
             "systemd_exec_start": serve.exec_start,
             "systemd_env_quote": serve.systemd_env_quote,
             "parse_gpu_csv": parse_gpu_csv,

@@ -34,7 +34,6 @@ options:
       - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
         and port (keys C(venv), C(drafter_dir), C(port)).
     type: dict
-    default: false
 attributes:
   check_mode:
     support: full
