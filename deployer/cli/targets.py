@@ -110,6 +110,10 @@ def parse_extra(extra: list[str]) -> dict:
             vals[k] = v
         if vals[k] is None:  # "-e k=null" or "-e k=~": an empty value
             vals[k] = ""
+    from deployer.settings_check import unknown
+    bad = unknown(vals)
+    if bad:
+        die(Exit.USAGE, "unknown setting: " + "; ".join(bad) + " (settings: roles/*/defaults/main.yml)")
     for var, env in SECRET_ENV.items():
         if os.environ.get(env) and var not in vals:
             vals[var] = os.environ[env]

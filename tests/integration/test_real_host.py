@@ -173,3 +173,23 @@ def test_07_a_verified_launch_is_not_verified_again():
     assert "cached: this launch passed on" in flat(r.stderr), r.stderr
     keys = sh(H, "ls /opt/deployer/cache/verify").split()
     assert keys and all(re.fullmatch(r"[0-9a-f]{64}\.json", k) for k in keys), keys
+
+
+def test_08_misspelt_settings_are_refused_with_a_did_you_mean():
+    import yaml
+
+    from deployer.sandbox import hosts as sb
+    # -e: refused by the CLI before any SSH
+    r = up("-e", "deployer_max_modl_len=4096")
+    assert r.returncode == 2 and "did you mean deployer_max_model_len?" in flat(r.stderr), r.stderr
+    # group_vars (here: the inventory's group vars): refused by preflight, nothing changed, no no-op shortcut
+    inv = yaml.safe_load((sb.STATE / "inventory.yml").read_text())
+    inv["all"]["children"]["gpu"]["vars"]["deployer_gpu_memory_utilisation"] = 0.5
+    path = sb.STATE / "typo-inventory.yml"
+    path.write_text(yaml.safe_dump(inv))
+    before = (main_pid(H), sh(H, "readlink /opt/deployer/current"))
+    r = deployer("up", "-i", str(path))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "unknown setting: deployer_gpu_memory_utilisation (did you mean deployer_gpu_memory_utilization?)" \
+        in flat(r.stderr), r.stderr
+    assert (main_pid(H), sh(H, "readlink /opt/deployer/current")) == before

@@ -16,7 +16,7 @@ except ImportError:
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from deployer import drafter, plan, serve  # noqa: E402
+from deployer import drafter, plan, serve, settings_check  # noqa: E402
 from deployer.ansible_plugins.module_utils import vllm_logs  # noqa: E402
 
 
@@ -80,6 +80,7 @@ class FilterModule(object):
             "deployer_expected_release": plan.expected_release,
             "deployer_noop": plan.noop_check,
             "release_id": release_id,
+            "unknown_settings": settings_check.unknown,
             "nvidia_device_allow": nvidia_device_allow,
             "systemd_exec_start": serve.exec_start,
             "systemd_env_quote": serve.systemd_env_quote,

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Orchestration cost next to its goals (issue #13), every figure measured in this one run.
+
+    python bench/ratios.py [--hosts 8] [--runs 3]      (starts and stops its own sandbox hosts)
+
+Prints one table: measurement, seconds, goal, ratio, met.  Baseline: `ansible -m ping` of the same
+inventory, best of --runs, measured in the same run.  The stand-in's load (what a real GPU spends ~25 min on)
+and vLLM's own checks are measured from the run's JSON events and reported separately, as the goals exclude
+them.  Results also go to bench/results/ratios.json.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from deployer import tools  # noqa: E402
+from deployer.sandbox import hosts as sb  # noqa: E402
+
+
+def cli(*args):
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", *args, "--json"], capture_output=True, text=True,
+                       cwd=ROOT)
+    dt = time.time() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"deployer {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return dt, [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+
+
+def ping(limit=None):
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    args = [tools.venv_bin("ansible"), "-i", str(sb.STATE / "inventory.yml"), "gpu", "-m", "ansible.builtin.ping",
+            "-o"] + (["--limit", limit] if limit else [])
+    t0 = time.time()
+    subprocess.run(args, check=True, capture_output=True, env=env, cwd=ROOT)
+    return time.time() - t0
+
+
+def best(fn, runs):
+    return min(fn() for _ in range(runs))
+
+
+def excluded(events):
+    """Seconds the goals exclude, per host, the longest host: the load (watch) and vLLM's checks (verify),
+    the vLLM install.  Stages run in parallel across hosts, so the longest host's sum is what the wall saw."""
+    per = {}
+    for e in events:
+        if e.get("event") == "stage" and e.get("stage") in ("install", "verify", "watch"):
+            per[e["host"]] = per.get(e["host"], 0.0) + float(e.get("seconds") or 0)
+    return max(per.values() or [0.0])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    rows = []
+
+    def row(name, seconds, goal_text, ratio=None, limit=None):
+        rows.append({"measurement": name, "seconds": round(seconds, 2), "goal": goal_text,
+                     "ratio": None if ratio is None else round(ratio, 2),
+                     "met": None if limit is None else bool((ratio if ratio is not None else seconds) <= limit)})
+
+    sb.stop()
+    sb.start(1)
+    cold, ev = cli("up", "--sandbox")
+    cold_excl = excluded(ev)
+    ping1 = best(ping, a.runs)
+    noop1 = best(lambda: cli("up", "--sandbox")[0], a.runs)
+    check1 = best(lambda: cli("up", "--sandbox", "--check")[0], a.runs)
+    status1 = best(lambda: cli("status", "--sandbox")[0], a.runs)
+    releases1 = best(lambda: cli("releases", "--sandbox")[0], a.runs)
+    cli("up", "--sandbox", "-e", "deployer_max_model_len=65536")
+    rb, ev = cli("rollback", "--sandbox")
+    rb_load = excluded(ev)
+    row("ansible -m ping, 1 host (baseline)", ping1, "-")
+    row("no-op up, 1 host", noop1, "<= 3x ping", noop1 / ping1, 3)
+    row("up --check (nothing to change), 1 host", check1, "<= 3x ping", check1 / ping1, 3)
+    row("status, 1 host", status1, "<= 2 s", None, 2)
+    row("releases, 1 host", releases1, "<= 2 s", None, 2)
+    row("rollback, orchestration (load excluded)", rb - rb_load, "<= 5 s", None, 5)
+    row("rollback, the stand-in's load", rb_load, "(excluded)")
+    row("cold up, overhead (install, vLLM checks, load excluded)", cold - cold_excl, "<= 20 s", None, 20)
+    row("cold up, install + vLLM checks + load", cold_excl, "(excluded)")
+    sb.stop()
+
+    n = a.hosts
+    sb.start(n)
+    coldn, ev = cli("up", "--sandbox")
+    coldn_excl = excluded(ev)
+    pingn = best(ping, a.runs)
+    noopn = best(lambda: cli("up", "--sandbox")[0], a.runs)
+    row(f"ansible -m ping, {n} hosts", pingn, "-")
+    row(f"no-op up, {n} hosts", noopn, f"<= 1.5x no-op of 1 host; <= 3x ping of {n}", noopn / noop1, 1.5)
+    row(f"no-op up, {n} hosts / their ping", noopn, "<= 3x ping", noopn / pingn, 3)
+    row(f"cold up, {n} hosts, overhead", coldn - coldn_excl, "<= 2x one host's overhead",
+        (coldn - coldn_excl) / max(0.01, cold - cold_excl), 2)
+    row(f"cold up, {n} hosts, install + vLLM checks + load (longest host)", coldn_excl, "(excluded)")
+    sb.stop()
+
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ratios.json").write_text(json.dumps({"at": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}, indent=2))
+    print("| measurement | seconds | goal | ratio | met |\n|---|---|---|---|---|")
+    for r in rows:
+        met = "" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        print(f"| {r['measurement']} | {r['seconds']} | {r['goal']} | {r['ratio'] if r['ratio'] is not None else ''} "
+              f"| {met} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Unknown setting names: a typo such as ``deployer_max_modl_len`` must not deploy the default silently.
+
+The known names are read from the repository itself: every role's ``defaults/main.yml`` (the documented
+settings) and every ``deployer_*`` / ``<role>_*`` name the playbooks use (switches the CLI passes, such as
+``deployer_serial``).  A name with one of those prefixes that is not known is refused, with the closest
+known names.  Other names (``ansible_user``, an operator's own variables) are not ours to judge.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@lru_cache(maxsize=1)
+def known() -> tuple[frozenset, tuple, tuple]:
+    """(known names, prefixes, the documented settings: what a did-you-mean may suggest)."""
+    import yaml
+    roles = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
+    prefixes = tuple(sorted({"deployer_"} | {r + "_" for r in roles if r not in ("deployer", "stage")}))
+    names = set()
+    for d in (ROOT / "roles").glob("*/defaults/main.yml"):
+        names |= set((yaml.safe_load(d.read_text()) or {}).keys())
+    documented = tuple(sorted(names))
+    for d in (ROOT / "roles").glob("*/meta/inputs.yml"):
+        names |= set((yaml.safe_load(d.read_text()) or {}).keys())
+    rx = re.compile(r"\b(?:%s)\w+" % "|".join(re.escape(p) for p in prefixes))
+    for f in list((ROOT / "playbooks").rglob("*.yml")) + list((ROOT / "roles").rglob("*.yml")):
+        names |= set(rx.findall(f.read_text()))
+    names.add("stage_name")
+    return frozenset(names), prefixes, documented
+
+
+def unknown(names) -> list[str]:
+    """One message per unknown name: ``deployer_max_modl_len (did you mean deployer_max_model_len?)``."""
+    ok, prefixes, documented = known()
+    out = []
+    for n in sorted(set(names)):
+        if isinstance(n, str) and n.startswith(prefixes) and n not in ok:
+            close = difflib.get_close_matches(n, documented, n=2, cutoff=0.8)
+            out.append(n + (f" (did you mean {' or '.join(close)}?)" if close else " (no such setting)"))
+    return out
