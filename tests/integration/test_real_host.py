@@ -193,3 +193,32 @@ def test_08_misspelt_settings_are_refused_with_a_did_you_mean():
     assert "unknown setting: deployer_gpu_memory_utilisation (did you mean deployer_gpu_memory_utilization?)" \
         in flat(r.stderr), r.stderr
     assert (main_pid(H), sh(H, "readlink /opt/deployer/current")) == before
+
+
+def test_09_secrets_appear_nowhere_but_the_0600_env_file():
+    import os
+    key, token = "sekritKEY-9f8e7d", "hf_sekritTOKEN42"
+    env = dict(os.environ, DEPLOYER_API_KEY=key, DEPLOYER_HF_TOKEN=token)
+    outs = []
+    r = up("-vvv", "--diff", "-e", "deployer_max_model_len=16384", *FAST, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    outs.append(r.stdout + r.stderr)
+    r = up("--json", "-vvv", "--diff", "-e", "deployer_max_model_len=8192", *FAST, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    outs.append(r.stdout + r.stderr)
+    # a failure after the restart (smoke refuses, rollback) prints the failing tasks: still no secret
+    r = up("-vvv", "-e", "deployer_max_model_len=4096", "-e", "smoke_min_acceptance_rate=0.99", *FAST, env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    outs.append(r.stdout + r.stderr)
+    # guards: no output of any kind carries the key or the token
+    for o in outs:
+        assert key not in o and token not in o
+    # on the host: only the releases' env files hold them, root's and 0600; not the process list, not the
+    # journal, not the audit log or a manifest
+    files = sh(H, f"grep -rlF -e {key} -e {token} /opt/deployer /etc /var/log /tmp /run 2>/dev/null "
+                  "| xargs -r stat -c '%a %U %n'").splitlines()
+    assert files and all(f.startswith("600 root /opt/deployer/releases/") and f.endswith("/vllm.env")
+                         for f in files), files
+    pattern = key[:6] + "[" + key[6] + "]" + key[7:]    # so that this command does not match itself
+    assert sh(H, f"ps -eo args | grep -c '{pattern}' || true") == "0"
+    assert sh(H, f"journalctl --no-pager | grep -c '{pattern}' || true") == "0"

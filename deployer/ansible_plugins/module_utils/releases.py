@@ -96,7 +96,7 @@ def _unit_props(service):
     import subprocess
     try:
         out = subprocess.run(["systemctl", "show", service, "-p", "ActiveState", "-p", "SubState", "-p",
-                              "NeedDaemonReload", "-p", "NRestarts", "-p", "MainPID"],
+                              "NeedDaemonReload", "-p", "NRestarts", "-p", "MainPID", "-p", "ActiveEnterTimestamp"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
                              timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
@@ -104,21 +104,45 @@ def _unit_props(service):
     return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
 
 
-def _health(port):
+def _http_get(port, path, limit=4 << 20):
+    """(status, body) of a plain HTTP GET on the loopback port, or (None, "") when nothing answers."""
     import socket
     try:
         s = socket.create_connection(("127.0.0.1", int(port)), timeout=3)
     except (OSError, ValueError, TypeError):
-        return None
+        return None, ""
     try:
-        s.settimeout(3)
-        s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        parts = s.recv(64).split(b" ", 2)
-        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+        s.settimeout(5)
+        s.sendall(("GET %s HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n" % path).encode())
+        data = b""
+        while len(data) < limit:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
     except OSError:
-        return None
+        return None, ""
     finally:
         s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    parts = head.split(b" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return status, body.decode("utf-8", "replace")
+
+
+def _health(port):
+    return _http_get(port, "/health")[0]
+
+
+def _gpu_memory_used_mib():
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(x.strip()) for x in out.splitlines() if x.strip().isdigit()]
 
 
 def _nvidia_devices():
@@ -155,16 +179,20 @@ def _venv_state(venv):
     return out
 
 
-def probe(root, service, venv, drafter_dir, port):
+def probe(root, service, venv, drafter_dir, port, live=False):
     """What a no-op ``up`` must know, in the same round trip: the venv the plan names (installed? patch
     state and fingerprint), the drafter (complete?), the live release's env file and unit checksums, the
-    NVIDIA device classes (part of the unit), systemd's view of the server and its /health."""
+    NVIDIA device classes (part of the unit), systemd's view of the server and its /health.  With ``live``
+    (``deployer status``) also its /metrics text and the GPU memory in use."""
     cur = os.path.join(root, "current")
-    return {"venv": _venv_state(venv) if venv else None,
+    extra = {}
+    if live:
+        extra = {"metrics": _http_get(port, "/metrics")[1], "gpu_memory_used_mib": _gpu_memory_used_mib()}
+    return dict(extra, **{"venv": _venv_state(venv) if venv else None,
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
             "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
-            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": _health(port)}
+            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": _health(port)})
 
 
 def host_state(root, service, target=None, want_secrets=False):

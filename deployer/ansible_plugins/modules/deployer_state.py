@@ -32,7 +32,8 @@ options:
   probe:
     description:
       - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
-        and port (keys C(venv), C(drafter_dir), C(port)).
+        and port (keys C(venv), C(drafter_dir), C(port)); with key C(live) true also the server's
+        C(metrics) text and C(gpu_memory_used_mib).
     type: dict
 attributes:
   check_mode:
@@ -96,7 +97,7 @@ probe:
   description:
     - venv (path, installed, state, fingerprint, patches, error), drafter_complete, live_env_sha256,
       live_unit_sha256, nvidia_devices, unit (ActiveState, SubState, NeedDaemonReload, NRestarts, MainPID),
-      health (HTTP status of /health, or null).
+      health (HTTP status of /health, or null); metrics and gpu_memory_used_mib with live.
   returned: when probe is given
   type: dict
 """
@@ -116,7 +117,10 @@ def main():
     out = host_state(p["root"], p["service"], p["target"], p["want_secrets"])
     if p["probe"] is not None:
         q = p["probe"]
-        out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), q.get("port"))
+        live = bool(q.get("live"))
+        # status asks the live release's own port; the no-op check the planned one
+        port = ((out.get("live") or {}).get("port") if live else None) or q.get("port")
+        out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), port, live)
     m.exit_json(changed=False, **out)
 
 
