@@ -28,3 +28,31 @@ def test_never_deployed_releases_are_pruned_first():
     assert plan_prune(rs, 3, {"L", "P"}) == ["F"]
     # with room for all of them, nothing goes
     assert plan_prune(rs, 4, {"L", "P"}) == []
+
+
+def test_flip_record_and_prune_on_a_real_directory(tmp_path):
+    """module_utils/releases.py as release_flip uses it: links replaced atomically, the manifest recorded,
+    releases pruned and the venvs/drafters no kept release names collected (interrupted removals too)."""
+    import json
+    import os
+
+    from deployer.ansible_plugins.module_utils import releases as r
+    root = tmp_path
+    for i in range(4):
+        d = root / "releases" / f"r{i}"
+        d.mkdir(parents=True)
+        (d / "release.json").write_text(json.dumps({"id": f"r{i}", "venv": str(root / "venvs" / f"v{i % 2}"),
+                                                    "deployed_at": 100 + i}))
+    for v in ("v0", "v1", "old", ".trash-x"):
+        (root / "venvs" / v).mkdir(parents=True)
+    assert r.relink(str(root / "current"), str(root / "releases/r2")) is True
+    assert r.relink(str(root / "current"), str(root / "releases/r2")) is False      # already there
+    assert os.readlink(root / "current") == str(root / "releases/r2")
+    changed, _before, after = r.record(str(root / "releases/r2"), "live", {"load_seconds": 12.5})
+    assert changed and after["result"] == "live" and after["load_seconds"] == 12.5
+    assert r.record(str(root / "releases/r2"), "live", {"load_seconds": 12.5})[0] is False   # same outcome
+    removed, kept, collected = r.prune(str(root / "releases"), 2, [str(root / "current")], str(root / "venvs"),
+                                       None, [str(root / "venvs/v1")])
+    assert removed == ["r0", "r1"] and kept == ["r2", "r3"]
+    assert sorted(os.path.basename(c) for c in collected) == [".trash-x", "old"]
+    assert sorted(os.listdir(root / "venvs")) == ["v0", "v1"]

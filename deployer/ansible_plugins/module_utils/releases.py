@@ -62,6 +62,74 @@ def plan_collect(store_dir, present, kept_manifests, key, in_use=()):
                   or (not n.startswith(".") and os.path.normpath(os.path.join(store_dir, n)) not in keep))
 
 
+def record(release_dir, result, facts, check_mode=False):
+    """Set a release's result and facts in its manifest, atomically.  Returns (changed, before, after);
+    changed only when the result or a fact differs (recording the same outcome twice is a no-op)."""
+    import time
+    before = read_release(release_dir)
+    after = dict(before)
+    after.update(facts or {})
+    after["result"] = result
+    now = time.time()
+    after.setdefault("created_at", now)
+    changed = any(before.get(k) != v for k, v in after.items() if k != "history") or "created_at" not in before
+    if result == "live" and changed:
+        after["deployed_at"] = now
+    if changed:
+        after["history"] = (list(before.get("history") or []) + [{"result": result, "at": now}])[-20:]
+    if changed and not check_mode:
+        write_json_atomic(os.path.join(release_dir, "release.json"), after)
+    return changed, before, after
+
+
+def prune(releases_dir, keep, protect_links, venvs_dir=None, drafters_dir=None, in_use=(), check_mode=False):
+    """Keep ``keep`` releases (never the targets of ``protect_links``), then remove the venvs and drafters no
+    kept release uses.  Returns (removed release ids, kept ids, collected paths)."""
+    import shutil
+    if not os.path.isdir(releases_dir):
+        return [], [], []
+    releases = []
+    for name in sorted(os.listdir(releases_dir)):
+        d = os.path.join(releases_dir, name)
+        if os.path.isdir(d) and not name.startswith("."):
+            r = read_release(d)
+            r["id"] = name
+            r.setdefault("created_at", os.stat(d).st_mtime)
+            releases.append(r)
+    protected = set(os.path.basename(os.path.realpath(link)) for link in protect_links if os.path.islink(link))
+    removed = plan_prune(releases, keep, protected)
+    kept = [r for r in releases if r["id"] not in removed]
+    collected = []
+    for store, key in ((venvs_dir, "venv"), (drafters_dir, "drafter_dir")):
+        if store and os.path.isdir(store):
+            collected += [os.path.join(store, n) for n in plan_collect(store, os.listdir(store), kept, key, in_use)]
+    if not check_mode:
+        for rid in removed:
+            shutil.rmtree(os.path.join(releases_dir, rid))
+        for path in collected:
+            # rename first: a half-deleted venv must never look complete (its marker goes first)
+            name = os.path.basename(path)
+            trash = path if name.startswith(".trash-") else os.path.join(os.path.dirname(path), ".trash-" + name)
+            if trash != path:
+                os.rename(path, trash)
+            shutil.rmtree(trash)
+    return removed, sorted(r["id"] for r in kept), collected
+
+
+def relink(link, target, check_mode=False):
+    """Point ``link`` at ``target`` by an atomic rename of a new symlink; True when it moved."""
+    cur = os.readlink(link) if os.path.islink(link) else None
+    if cur == target:
+        return False
+    if not check_mode:
+        tmp = os.path.join(os.path.dirname(link), "." + os.path.basename(link) + ".tmp")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.rename(tmp, link)
+    return True
+
+
 SUMMARY_KEYS = ("id", "vllm_version", "patch_fingerprint", "drafter_tree_sha256", "result", "deployed_at",
                 "created_at", "user", "controller", "phase_seconds", "load_seconds", "acceptance_rate",
                 "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",

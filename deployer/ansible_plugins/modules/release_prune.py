@@ -73,11 +73,8 @@ collected:
   type: list
 """
 
-import os
-import shutil
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import plan_collect, plan_prune, read_release
+from ansible.module_utils.releases import prune
 
 
 def main():
@@ -87,40 +84,10 @@ def main():
                                          venvs_dir=dict(type="path"), drafters_dir=dict(type="path"),
                                          in_use=dict(type="list", elements="path", default=[])),
                       supports_check_mode=True)
-    root = m.params["releases_dir"]
-    if not os.path.isdir(root):
-        m.exit_json(changed=False, removed=[], kept=[], collected=[])
-    releases = []
-    for name in sorted(os.listdir(root)):
-        d = os.path.join(root, name)
-        if os.path.isdir(d) and not name.startswith("."):
-            r = read_release(d)
-            r["id"] = name
-            r.setdefault("created_at", os.stat(d).st_mtime)
-            releases.append(r)
-    protected = set()
-    for link in m.params["protect"]:
-        if os.path.islink(link):
-            protected.add(os.path.basename(os.path.realpath(link)))
-    removed = plan_prune(releases, m.params["keep"], protected)
-    kept = [r for r in releases if r["id"] not in removed]
-    collected = []
-    for store, key in ((m.params["venvs_dir"], "venv"), (m.params["drafters_dir"], "drafter_dir")):
-        if store and os.path.isdir(store):
-            names = plan_collect(store, os.listdir(store), kept, key, m.params["in_use"])
-            collected += [os.path.join(store, n) for n in names]
-    if not m.check_mode:
-        for rid in removed:
-            shutil.rmtree(os.path.join(root, rid))
-        for path in collected:
-            # rename first: a half-deleted venv must never look complete (its marker goes first)
-            name = os.path.basename(path)
-            trash = path if name.startswith(".trash-") else os.path.join(os.path.dirname(path), ".trash-" + name)
-            if trash != path:
-                os.rename(path, trash)
-            shutil.rmtree(trash)
-    m.exit_json(changed=bool(removed or collected), removed=removed, collected=collected,
-                kept=sorted(r["id"] for r in kept))
+    q = m.params
+    removed, kept, collected = prune(q["releases_dir"], q["keep"], q["protect"], q["venvs_dir"], q["drafters_dir"],
+                                     q["in_use"], m.check_mode)
+    m.exit_json(changed=bool(removed or collected), removed=removed, collected=collected, kept=kept)
 
 
 if __name__ == "__main__":

@@ -48,11 +48,9 @@ release:
 """
 
 import json
-import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import read_release, write_json_atomic
+from ansible.module_utils.releases import record
 
 
 def main():
@@ -61,21 +59,7 @@ def main():
                                                      choices=["live", "failed", "rolled_back_from", "superseded"]),
                                          facts=dict(type="dict", default={})),
                       supports_check_mode=True)
-    d = m.params["release_dir"]
-    before = read_release(d)
-    after = dict(before)
-    after.update(m.params["facts"])
-    after["result"] = m.params["result"]
-    now = time.time()
-    after.setdefault("created_at", now)
-    # changed only when the result or a fact differs (recording the same outcome twice is a no-op)
-    changed = any(before.get(k) != v for k, v in after.items() if k != "history") or "created_at" not in before
-    if m.params["result"] == "live" and changed:
-        after["deployed_at"] = now
-    if changed:
-        after["history"] = (list(before.get("history") or []) + [{"result": m.params["result"], "at": now}])[-20:]
-    if changed and not m.check_mode:
-        write_json_atomic(os.path.join(d, "release.json"), after)
+    changed, before, after = record(m.params["release_dir"], m.params["result"], m.params["facts"], m.check_mode)
     out = dict(changed=changed, release=after)
     if m._diff:
         out["diff"] = {"before": json.dumps(before, indent=2, sort_keys=True) + "\n",
