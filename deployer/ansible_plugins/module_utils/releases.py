@@ -198,7 +198,7 @@ def _http_get(port, path, limit=4 << 20):
     return status, body.decode("utf-8", "replace")
 
 
-def _health(port):
+def http_health(port):
     return _http_get(port, "/health")[0]
 
 
@@ -260,7 +260,7 @@ def probe(root, service, venv, drafter_dir, port, live=False):
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
             "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
-            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": _health(port)})
+            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": http_health(port)})
 
 
 def host_state(root, service, target=None, want_secrets=False):

@@ -1,0 +1,127 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: release_start
+short_description: Install a release's unit and (re)start the server only when needed, in one round trip
+description:
+  - Copies the release's unit file to I(unit_path) when it differs (atomic rename) and reloads systemd.
+  - Restarts the server when the unit changed or the server is down (crash-looping in C(auto-restart), or
+    C(failed)); starts it when it is merely stopped; enables it.  Otherwise changes nothing.
+  - Just before a restart asks the old server's C(/health) on I(port) one last time and returns when
+    (C(old_server)), so the downtime is measured from the old server's last answer.
+options:
+  unit_src:
+    description: The release's unit file.
+    type: path
+    required: true
+  unit_path:
+    description: Where systemd reads the unit (C(/etc/systemd/system/<service>.service)).
+    type: path
+    required: true
+  service:
+    description: The unit name.
+    type: str
+    required: true
+  port:
+    description: The port the old server answers C(/health) on.
+    type: int
+    required: true
+attributes:
+  check_mode:
+    support: full
+    description: Says whether the unit would change and the server restart; changes nothing.
+  diff_mode:
+    support: full
+    description: The unit file before and after.
+author:
+  - deployer maintainers (@deployer)
+"""
+
+EXAMPLES = r"""
+- name: Start the release.
+  release_start:
+    unit_src: /opt/deployer/releases/0123456789ab/deployer-vllm.service
+    unit_path: /etc/systemd/system/deployer-vllm.service
+    service: deployer-vllm
+    port: 8000
+"""
+
+RETURN = r"""
+restarted:
+  description: The server was (re)started into this unit.
+  returned: always
+  type: bool
+unit_changed:
+  description: The unit file differed and was replaced.
+  returned: always
+  type: bool
+old_server:
+  description: Whether the old server answered /health just before the restart (ok) and when (at, epoch seconds on the host); null without a restart.
+  returned: always
+  type: dict
+"""
+
+import os
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.releases import http_health
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def main():
+    m = AnsibleModule(argument_spec=dict(unit_src=dict(type="path", required=True),
+                                         unit_path=dict(type="path", required=True),
+                                         service=dict(type="str", required=True),
+                                         port=dict(type="int", required=True)),
+                      supports_check_mode=True)
+    p = m.params
+    new, old = read(p["unit_src"]), read(p["unit_path"])
+    if new is None:
+        m.fail_json(msg="release unit %s not found" % p["unit_src"])
+    unit_changed = new != old
+    rc, out, _err = m.run_command(["systemctl", "show", p["service"], "-p", "ActiveState", "-p", "SubState",
+                                   "-p", "UnitFileState"])
+    props = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    down = props.get("SubState") == "auto-restart" or props.get("ActiveState") == "failed"
+    running = props.get("ActiveState") in ("active", "activating", "reloading")
+    restart = unit_changed or down
+    start = not restart and not running
+    enable = props.get("UnitFileState") != "enabled"
+    res = dict(changed=unit_changed or restart or start or enable, restarted=restart or start,
+               unit_changed=unit_changed, old_server=None)
+    if m._diff and unit_changed:
+        res["diff"] = {"before": old or "", "after": new, "before_header": p["unit_path"], "after_header": p["unit_src"]}
+    if m.check_mode:
+        m.exit_json(**res)
+    if unit_changed:
+        fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(p["unit_path"]))
+        with os.fdopen(fd, "w") as f:
+            f.write(new)
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, p["unit_path"])
+        m.run_command(["systemctl", "daemon-reload"], check_rc=True)
+    if restart:
+        code = http_health(p["port"]) if running else None
+        res["old_server"] = {"ok": code == 200, "at": round(time.time(), 3)}
+        m.run_command(["systemctl", "restart", p["service"]], check_rc=True)
+    elif start:
+        m.run_command(["systemctl", "start", p["service"]], check_rc=True)
+    if enable:
+        m.run_command(["systemctl", "enable", p["service"]], check_rc=True)
+    m.exit_json(**res)
+
+
+if __name__ == "__main__":
+    main()
