@@ -67,9 +67,15 @@ def release_id(the_plan, patch_fingerprint=None):
     return plan.release_id(the_plan, patch_fingerprint)
 
 
-def drafter_manifest(src_dir):
-    """Content manifest of the drafter checkpoint on the controller; see deployer.drafter."""
-    return drafter.tree_manifest(src_dir)
+def drafter_manifest(src_dir, strict=True):
+    """Content manifest of the drafter checkpoint on the controller; see deployer.drafter.  ``strict=False``
+    (the no-op check) returns None for a bad directory: the full deploy's preflight then reports it."""
+    try:
+        return drafter.tree_manifest(src_dir)
+    except Exception:
+        if strict:
+            raise
+        return None
 
 
 class FilterModule(object):

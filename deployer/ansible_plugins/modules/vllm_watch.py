@@ -38,6 +38,13 @@ options:
     description: Per-phase durations recorded by the previous successful release; used for an ETA.
     type: dict
     default: {}
+  stall_floor_factor:
+    description:
+      - When above 0, a phase's stall limit is at least this many times that phase's duration in
+        I(previous_phase_seconds) plus 30 s.  Used when a release that served before is restored, so that
+        limits tightened with C(-e) for a new release cannot fail the restore of a known-good one.
+    type: float
+    default: 0
 attributes:
   check_mode:
     support: full
@@ -208,6 +215,9 @@ def look(module, p):
         return res
     limits = p["stall_seconds"] or {}
     limit = float(limits.get(snap["phase"], limits.get("default", 0)) or 0)
+    prev = float((p.get("previous_phase_seconds") or {}).get(snap["phase"]) or 0)
+    if limit and p.get("stall_floor_factor") and prev:
+        limit = max(limit, p["stall_floor_factor"] * prev + 30)
     since = snap["seconds_since_progress"] if snap["seconds_since_progress"] is not None else elapsed
     if limit and since > limit:
         res.update(state="stalled", tail=tail,
@@ -230,6 +240,7 @@ def main():
             stall_seconds=dict(type="dict", default={}),
             budget_seconds=dict(type="int", default=1800),
             previous_phase_seconds=dict(type="dict", default={}),
+            stall_floor_factor=dict(type="float", default=0.0),
         ),
         supports_check_mode=True,
     )
