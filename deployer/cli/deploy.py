@@ -62,7 +62,7 @@ def report(res: runner.Result, as_json: bool, what: str) -> int:
     if code == Exit.OK:
         for h, r in sorted(results.items()):
             state = ("unchanged, nothing restarted" if r.get("release_was_live") and not r.get("restarted")
-                     else "deployed")
+                     else "would be deployed (check mode: nothing changed)" if r.get("check_mode") else "deployed")
             acc = (f"; EAGLE-3 acceptance rate {r['acceptance_rate']}, mean acceptance length "
                    f"{r.get('mean_acceptance_length')}") if r.get("acceptance_rate") is not None else ""
             out.print(f"[bold green]{h}[/]: release {r.get('release') or '?'} {state}{acc}")
