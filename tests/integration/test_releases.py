@@ -112,15 +112,27 @@ def test_concurrent_up_one_refused():
 
 
 def test_stale_lock_reported_and_unlock():
-    rec = {"token": "x", "user": "ghost", "controller": socket.gethostname(), "pid": 2 ** 22 + 12345, "command": "up",
-           "since": time.time() - 3600, "since_iso": "an hour ago"}
-    sh(H, f"mkdir -p /opt/deployer/.lock && echo '{json.dumps(rec)}' > /opt/deployer/.lock/holder.json")
+    def hold(controller, pid, age, ttl=600):
+        rec = {"token": "x", "user": "ghost", "controller": controller, "pid": pid, "command": "up",
+               "since": time.time() - age, "since_iso": f"{age} s ago", "ttl_seconds": ttl}
+        sh(H, f"rm -rf /opt/deployer/.lock; mkdir -p /opt/deployer/.lock && "
+              f"echo '{json.dumps(rec)}' > /opt/deployer/.lock/holder.json")
+    # a live lock from another controller, within its time-to-live: refused, naming the holder (exit 6)
+    hold("other-controller", 1, age=5)
     r = up()
-    assert r.returncode == 6
-    assert "STALE: its process is gone" in flat(r.stderr) and "ghost@" in r.stderr
+    assert r.returncode == 6 and "ghost@other-controller" in r.stderr, r.stderr
     r = deployer("unlock", "--sandbox")
     assert r.returncode == 0 and "removed lock of ghost@" in flat(r.stderr)
-    assert up().returncode == 0
+    # guards: a dead run's lock does not need a human - its process gone from this controller, or (the host's
+    # view) older than the time-to-live it declared: the next run takes it over and says whose it was
+    hold(socket.gethostname(), 2 ** 22 + 12345, age=5)
+    r = up()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "took over a stale lock of ghost@" in flat(r.stderr) and "is gone from this controller" in flat(r.stderr)
+    hold("other-controller", 1, age=700, ttl=600)
+    r = up("-e", "deployer_noop_check=false")
+    assert r.returncode == 0 and "older than its time-to-live (600 s)" in flat(r.stderr), r.stdout + r.stderr
+    assert sh(H, "test -e /opt/deployer/.lock && echo held || echo free") == "free"
 
 
 def test_pruning_keeps_exactly_n():

@@ -63,6 +63,25 @@ def nvidia_device_allow(names, extra=None):
     return ["char-%s rw" % n for n in (names or [])] + list(extra or [])
 
 
+def lock_stale(lock_result, controller):
+    """Why the lock in the way is stale ("" when it is live): older than the time-to-live it declared (the host
+    said so: ``expired``), or taken on this controller by a process that is gone."""
+    import os
+    if not (lock_result or {}).get("locked"):
+        return ""
+    holder = lock_result.get("holder") or {}
+    if lock_result.get("expired"):
+        return "older than its time-to-live (%s s)" % holder.get("ttl_seconds", "?")
+    if holder.get("controller") == controller:
+        try:
+            os.kill(int(holder.get("pid") or 0), 0)
+        except ProcessLookupError:
+            return "its process %s is gone from this controller" % holder.get("pid")
+        except (ValueError, PermissionError):
+            return ""
+    return ""
+
+
 def release_id(the_plan, patch_fingerprint=None):
     return plan.release_id(the_plan, patch_fingerprint)
 
@@ -86,6 +105,7 @@ class FilterModule(object):
             "deployer_expected_release": plan.expected_release,
             "deployer_noop": plan.noop_check,
             "release_id": release_id,
+            "lock_stale": lock_stale,
             "unknown_settings": settings_check.unknown,
             "nvidia_device_allow": nvidia_device_allow,
             "systemd_exec_start": serve.exec_start,

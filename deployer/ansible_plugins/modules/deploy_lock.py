@@ -8,8 +8,11 @@ module: deploy_lock
 short_description: A host-side deploy lock (who, when, what, pid) taken by up and rollback
 description:
   - C(present) takes the lock atomically (C(mkdir)); if another run holds it, fails and returns the holder.
-  - Deciding whether a holder is stale (its controller process is gone) is the controller's job; the
-    holder record says which controller and pid to ask.
+  - Whether a holder is stale is decided from both sides. The host's view is its declared time-to-live
+    (C(owner.ttl_seconds)); on conflict the module returns C(expired). Whether its controller process is
+    gone is the controller's to ask (the record names controller and pid).
+  - I(take_over) replaces a stale holder atomically (the old lock directory is renamed aside, so of two
+    controllers taking over at once exactly one wins) and returns it as C(took_over).
   - C(absent) releases it, only if I(token) matches, unless I(force).
 options:
   path:
@@ -33,6 +36,11 @@ options:
     description: Release whoever holds it (C(deployer unlock)).
     type: bool
     default: false
+  take_over:
+    description:
+      - Take the lock from a stale holder, identified by its C(since) (key C(since)), so that a holder that
+        changed in the meantime is never taken over. Only with C(present).
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -57,6 +65,14 @@ holder:
   description: The lock record (ours after C(present), the other run's on conflict, the removed one after C(absent)).
   returned: always
   type: dict
+expired:
+  description: On conflict, whether the holder is older than the time-to-live it declared.
+  returned: when locked
+  type: bool
+took_over:
+  description: The stale holder this run replaced.
+  returned: when take_over replaced a holder
+  type: dict
 """
 
 import json
@@ -80,25 +96,41 @@ def main():
                                          state=dict(type="str", choices=["present", "absent"], default="present"),
                                          token=dict(type="str", required=True, no_log=False),
                                          owner=dict(type="dict", default={}),
-                                         force=dict(type="bool", default=False)),
+                                         force=dict(type="bool", default=False),
+                                         take_over=dict(type="dict")),
                       supports_check_mode=True)
     p = m.params
     path = p["path"]
     holder = read(path)
+    took_over = None
+    if p["state"] == "present" and p["take_over"] and holder is not None and holder.get("token") != p["token"]:
+        if str(holder.get("since")) != str(p["take_over"].get("since")):
+            m.fail_json(msg="the lock changed hands while deciding it was stale; not taken over", holder=holder,
+                        locked=True, expired=False)
+        if not m.check_mode:
+            aside = "%s.stale-%s" % (path, p["token"])
+            try:
+                os.rename(path, aside)   # atomic: of two controllers taking over, one wins
+            except OSError:
+                m.fail_json(msg="host is locked by a concurrent run (lost the race)", holder=read(path) or {},
+                            locked=True, expired=False)
+            shutil.rmtree(aside, ignore_errors=True)
+        took_over, holder = holder, None
     if p["state"] == "present":
-        if holder is not None or os.path.isdir(path):
+        if (holder is not None or os.path.isdir(path)) and not (took_over and m.check_mode):
             holder = holder or {"token": "?", "note": "lock directory without a holder record"}
             if holder.get("token") == p["token"]:
                 m.exit_json(changed=False, holder=holder)
             age = time.time() - float(holder.get("since", time.time()))
+            ttl = float(holder.get("ttl_seconds") or 0)
             m.fail_json(msg="host is locked by %s@%s (pid %s, `%s`) since %s (%.0f s ago)"
                         % (holder.get("user", "?"), holder.get("controller", "?"), holder.get("pid", "?"),
                            holder.get("command", "?"), holder.get("since_iso", "?"), age),
-                        holder=holder, locked=True)
+                        holder=holder, locked=True, expired=bool(ttl) and age > ttl)
         rec = dict(p["owner"], token=p["token"], since=time.time(),
                    since_iso=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         if m.check_mode:
-            m.exit_json(changed=True, holder=rec)
+            m.exit_json(changed=True, holder=rec, took_over=took_over)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
             os.mkdir(path, 0o755)  # atomic: exactly one concurrent run wins
@@ -108,7 +140,7 @@ def main():
         with open(tmp, "w") as f:
             json.dump(rec, f)
         os.rename(tmp, os.path.join(path, "holder.json"))
-        m.exit_json(changed=True, holder=rec)
+        m.exit_json(changed=True, holder=rec, took_over=took_over)
     # absent
     if not os.path.isdir(path):
         m.exit_json(changed=False, holder=None)
