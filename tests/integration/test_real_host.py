@@ -197,6 +197,8 @@ def test_08_misspelt_settings_are_refused_with_a_did_you_mean():
 
 def test_09_secrets_appear_nowhere_but_the_0600_env_file():
     import os
+
+    from helpers import ROOT
     key, token = "sekritKEY-9f8e7d", "hf_sekritTOKEN42"
     env = dict(os.environ, DEPLOYER_API_KEY=key, DEPLOYER_HF_TOKEN=token)
     outs = []
@@ -215,7 +217,9 @@ def test_09_secrets_appear_nowhere_but_the_0600_env_file():
         assert key not in o and token not in o
     # on the host: only the releases' env files hold them, root's and 0600; not the process list, not the
     # journal, not the audit log or a manifest
-    files = sh(H, f"grep -rlF -e {key} -e {token} /opt/deployer /etc /var/log /tmp /run 2>/dev/null "
+    # (the repository is bind-mounted into sandbox hosts under its own path: its test files are not the host's)
+    files = sh(H, f"{{ grep -rlF -e {key} -e {token} /opt/deployer /etc /var/log /run; find /tmp -path {ROOT} -prune "
+                  f"-o -type f -print0 | xargs -0 -r grep -lF -e {key} -e {token}; }} 2>/dev/null "
                   "| xargs -r stat -c '%a %U %n'").splitlines()
     assert files and all(f.startswith("600 root /opt/deployer/releases/") and f.endswith("/vllm.env")
                          for f in files), files

@@ -118,6 +118,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_logs import LoadState, eta_seconds, overdue_seconds
 
 TAIL = 40
+# systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
+# systemd failed to set it up - a missing user, a ReadWritePaths directory that does not exist, ...
+SYSTEMD_EXIT = {"200": "CHDIR", "203": "EXEC", "204": "MEMORY", "206": "OOM_ADJUST", "209": "STDOUT",
+                "210": "CHROOT", "214": "SETSCHEDULER", "216": "GROUP", "217": "USER", "218": "CAPABILITIES",
+                "219": "CGROUP", "220": "SETSID", "226": "NAMESPACE", "228": "SECCOMP", "233": "RUNTIME_DIRECTORY",
+                "236": "SMACK_PROCESS_LABEL", "243": "CREDENTIALS"}
 GENERIC_FATAL_GRACE_SECONDS = 3.0
 
 
@@ -197,8 +203,10 @@ def look(module, p):
     active = props.get("ActiveState")
     if active not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
         res.update(state="crashed", tail=tail,
-                   reason="the server process exited (unit %s/%s, exit status %s) during phase '%s'"
-                   % (active, props.get("SubState"), props.get("ExecMainStatus"), snap["phase_title"])
+                   reason="the server process exited (unit %s/%s, exit status %s%s) during phase '%s'"
+                   % (active, props.get("SubState"), props.get("ExecMainStatus"),
+                      (": systemd could not set the process up (%s)" % SYSTEMD_EXIT[props.get("ExecMainStatus")])
+                      if props.get("ExecMainStatus") in SYSTEMD_EXIT else "", snap["phase_title"])
                    + ("; cause: %s" % snap["fatal"]["line"] if snap["fatal"] else ""))
         return res
     fatal = snap["fatal"]
