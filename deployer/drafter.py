@@ -52,4 +52,9 @@ def tree_manifest(src_dir: str) -> dict:
         tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")   # concurrent deploys never share a temp file
         tmp.write_text(json.dumps(cache))
         tmp.replace(CACHE)
-    return {"src": str(root), "files": files, "tree_sha256": tree, "bytes": sum(f["size"] for f in files)}
+    try:   # the drafter's model class: the SGLang backend checks that the installed release has it
+        arch = (json.loads((root / "config.json").read_text()).get("architectures") or [""])[0]
+    except (OSError, ValueError, AttributeError, IndexError):
+        raise DrafterError(f"drafter: {root}/config.json is not a JSON model config") from None
+    return {"src": str(root), "files": files, "tree_sha256": tree, "bytes": sum(f["size"] for f in files),
+            "architecture": str(arch)}

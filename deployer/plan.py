@@ -4,12 +4,16 @@ Preflight computes it once per host (filter ``deployer_plan``) and every later s
 the plan (and its own documented inputs), never another stage's variables.  Fields:
 
 ==================  ==================================================================================
-backend             serving engine ("vllm")
-vllm_version        the pinned release
+backend             serving engine: "vllm" or "sglang" (docs/backends.md)
+engine              {name, label, package, version}: what the install stage installs and the records name
+vllm_version        the pinned vLLM release (None for SGLang)
 venv, python        ``<root>/venvs/vllm-<version>-p<engine>`` when patched (one venv per vLLM version AND patch
                     engine: a changed engine gets a new venv, so a rollback runs exactly the code its release
-                    was verified with); ``<root>/venvs/vllm-<version>`` is the pristine wheel (patches off)
-patch_state         "present" (apply what this vLLM needs) or "absent"
+                    was verified with); ``<root>/venvs/vllm-<version>`` is the pristine wheel (patches off);
+                    ``<root>/venvs/sglang-<version>`` for SGLang (never patched)
+patch_state         "present" (apply what this vLLM needs) or "absent" (also every SGLang plan)
+credentials         files systemd hands the service (LoadCredential=): {name: release-relative file}; SGLang's
+                    API key lives there (it has no environment variable for it, and argv is world-readable)
 service, unit_path  systemd unit name and path
 user                the unprivileged system user the server runs as (never root)
 unit                what the unit needs beyond argv/env: user, writable paths, device allow-list (docs/hardening.md)
@@ -37,13 +41,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from deployer import serve
+from deployer import serve, serve_sglang
 
-BACKENDS = ("vllm",)
+BACKENDS = ("vllm", "sglang")
+ENGINES = {"vllm": {"label": "vLLM", "package": "vllm"}, "sglang": {"label": "SGLang", "package": "sglang"}}
 SECRET_KEYS = ("api_key", "hf_token")
 # The unit and env-file templates are part of what names a release: a changed template is a new release
 # (never the same id with different files), and a release's recorded unit is the one it was verified with.
-_TEMPLATES = [Path(__file__).resolve().parent.parent / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2")]
+_TEMPLATES = [Path(__file__).resolve().parent.parent / "templates" / n
+              for n in ("vllm.service.j2", "vllm.env.j2", "sglang-secrets.yaml.j2")]
 
 
 def templates_hash() -> str:
@@ -92,9 +98,15 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     root = str(_need(s, "root")).rstrip("/")
     if not re.match(r"^/[A-Za-z0-9_./-]*$", root) or ".." in root.split("/"):
         raise PlanError(f"root: got {root!r}, expected an absolute path of letters, digits and _ . / -")
-    version = str(_need(s, "vllm_version"))
-    patched = bool(s.get("patch_enabled", True))
-    venv = f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or patch_engine_id()}" if patched else "")
+    if backend == "vllm":
+        version = str(_need(s, "vllm_version"))
+        patched = bool(s.get("patch_enabled", True))
+        venv = f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or patch_engine_id()}" if patched else "")
+    else:
+        version, patched = str(_need(s, "sglang_version")), False
+        if not serve_sglang.parse_version(version):
+            raise PlanError(f"sglang_version: got {version!r}, expected a release like 0.5.23")
+        venv = f"{root}/venvs/sglang-{version}"
     service = str(_need(s, "service_name"))
     speculative = bool(s.get("speculative_enabled", True))
     dirs = {"root": root, "releases": f"{root}/releases", "current": f"{root}/current",
@@ -128,44 +140,45 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         drafter = dict(drafter_manifest, store_dir=dirs["drafters"], dir=f"{dirs['drafters']}/{short}",
                        staging_dir=f"{dirs['drafters']}/.incoming-{short}")
 
-    launcher = s.get("launcher") or [f"{venv}/bin/vllm"]
+    credentials = {}
     try:
-        argv = serve.build_serve_argv({
-            "launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
-            "model": s.get("model_dir"),
-            "served_model_name": s.get("served_model_name"),
-            "host": s.get("host", "0.0.0.0"),
-            "port": s.get("port"),
-            "tensor_parallel_size": s.get("tensor_parallel_size"),
-            "gpu_memory_utilization": s.get("gpu_memory_utilization"),
-            "max_model_len": s.get("max_model_len") or None,
-            "trust_remote_code": bool(s.get("trust_remote_code", True)),
-            "speculative": ({"method": "eagle3", "model": drafter["dir"],
-                             "num_speculative_tokens": s.get("num_speculative_tokens", 3),
-                             "extra": s.get("speculative_extra") or {}} if drafter else {}),
-            "safetensors_load_strategy": s.get("safetensors_load_strategy") or "",
-            "model_loader_extra_config": s.get("model_loader_extra_config") or {},
-            "extra_args": s.get("extra_args") or [],
-        })
+        if backend == "vllm":
+            argv = _vllm_argv(s, venv, drafter)
+        else:
+            if s.get("api_key"):
+                credentials[serve_sglang.SECRETS_FILE] = serve_sglang.SECRETS_FILE
+            argv = _sglang_argv(s, venv, drafter, bool(credentials))
+            why = serve_sglang.version_refusal(version, speculative,
+                                               str((drafter or {}).get("architecture") or ""),
+                                               bool(s.get("sglang_language_model_only")))
+            if why:
+                raise PlanError(why)
     except serve.ServeConfigError as e:
         raise PlanError(str(e)) from e
 
     sc = dirs["server_cache"]
     # every cache the engine writes lives in the service user's home, shared by releases (warm restarts)
-    env = {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),
-           "VLLM_CACHE_ROOT": f"{sc}/vllm", "TRITON_CACHE_DIR": f"{sc}/triton", "HF_HOME": f"{sc}/huggingface",
-           "XDG_CACHE_HOME": f"{sc}/xdg"}
+    env = {"TRITON_CACHE_DIR": f"{sc}/triton", "HF_HOME": f"{sc}/huggingface", "XDG_CACHE_HOME": f"{sc}/xdg"}
+    if backend == "vllm":
+        env.update({"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),
+                    "VLLM_CACHE_ROOT": f"{sc}/vllm"})
+    else:
+        # FlashInfer's JIT and kernel caches (flashinfer-cubin pre-staged by the install stage: nothing is
+        # downloaded at run time) and torch's compile cache, in the shared server cache
+        env.update({"FLASHINFER_WORKSPACE_BASE": f"{sc}/flashinfer", "TORCHINDUCTOR_CACHE_DIR": f"{sc}/inductor"})
     for k, v in sorted({**(s.get("nccl_env") or {}), **(s.get("env_extra") or {})}.items()):
         if not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit():
             raise PlanError(f"environment variable name: got {k!r}, expected [A-Za-z_][A-Za-z0-9_]*")
-        if k in ("VLLM_API_KEY", "HF_TOKEN"):
+        if k in ("VLLM_API_KEY", "HF_TOKEN", "SGLANG_API_KEY"):
             raise PlanError(f"environment: {k} is a secret; set deployer_api_key / deployer_hf_token instead")
         env[k] = str(v)
     secrets_hash = hashlib.sha256("\0".join(str(s.get(k) or "") for k in SECRET_KEYS).encode()).hexdigest()
     restart_delay = int(s.get("restart_delay_seconds", 30))
 
     return {
-        "backend": backend, "vllm_version": version, "venv": venv, "python": f"{venv}/bin/python",
+        "backend": backend, "engine": dict(ENGINES[backend], name=backend, version=version),
+        "vllm_version": version if backend == "vllm" else None, "venv": venv, "python": f"{venv}/bin/python",
+        "credentials": credentials,
         "patch_state": "present" if patched else "absent",
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,
         "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": devices},
@@ -173,10 +186,58 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
         "restart_delay_seconds": restart_delay, "dirs": dirs,
-        "release_inputs": {"argv": argv, "vllm": version, "drafter": drafter["tree_sha256"] if drafter else None,
+        "release_inputs": {"argv": argv, "engine": backend, "version": version,
+                           "drafter": drafter["tree_sha256"] if drafter else None,
                            "env": env, "secrets": secrets_hash, "restart_delay": restart_delay,
                            "user": user, "writable": writable, "devices": devices, "templates": templates_hash()},
     }
+
+
+def _vllm_argv(s: dict, venv: str, drafter: dict | None) -> list[str]:
+    launcher = s.get("launcher") or [f"{venv}/bin/vllm"]
+    return serve.build_serve_argv({
+        "launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
+        "model": s.get("model_dir"),
+        "served_model_name": s.get("served_model_name"),
+        "host": s.get("host", "0.0.0.0"),
+        "port": s.get("port"),
+        "tensor_parallel_size": s.get("tensor_parallel_size"),
+        "gpu_memory_utilization": s.get("gpu_memory_utilization"),
+        "max_model_len": s.get("max_model_len") or None,
+        "trust_remote_code": bool(s.get("trust_remote_code", True)),
+        "speculative": ({"method": "eagle3", "model": drafter["dir"],
+                         "num_speculative_tokens": s.get("num_speculative_tokens", 3),
+                         "extra": s.get("speculative_extra") or {}} if drafter else {}),
+        "safetensors_load_strategy": s.get("safetensors_load_strategy") or "",
+        "model_loader_extra_config": s.get("model_loader_extra_config") or {},
+        "extra_args": s.get("extra_args") or [],
+    })
+
+
+def _sglang_argv(s: dict, venv: str, drafter: dict | None, with_secrets: bool) -> list[str]:
+    launcher = s.get("launcher") or [f"{venv}/bin/sglang"]
+    return serve_sglang.build_sglang_argv({
+        "launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
+        "model": s.get("model_dir"),
+        "served_model_name": s.get("served_model_name"),
+        "host": s.get("host", "0.0.0.0"),
+        "port": s.get("port"),
+        "tensor_parallel_size": s.get("tensor_parallel_size"),
+        "context_length": s.get("max_model_len") or None,
+        "trust_remote_code": bool(s.get("trust_remote_code", True)),
+        "speculative": ({"model": drafter["dir"], "num_steps": s.get("num_speculative_tokens", 3),
+                         "eagle_topk": s.get("sglang_eagle_topk", 1),
+                         "num_draft_tokens": s.get("sglang_num_draft_tokens") or 0} if drafter else {}),
+        "attention_backend": s.get("sglang_attention_backend", "triton"),
+        "draft_attention_backend": s.get("sglang_draft_attention_backend", "triton"),
+        "kv_cache_dtype": s.get("sglang_kv_cache_dtype", "auto"),
+        "mem_fraction_static": s.get("sglang_mem_fraction_static") or 0,
+        "tool_call_parser": s.get("sglang_tool_call_parser", "kimi_k2"),
+        "reasoning_parser": s.get("sglang_reasoning_parser", "kimi_k2"),
+        "language_model_only": bool(s.get("sglang_language_model_only")),
+        "secrets_file": f"{serve_sglang.CREDENTIALS_TOKEN}/{serve_sglang.SECRETS_FILE}" if with_secrets else "",
+        "extra_args": s.get("sglang_extra_args") or [],
+    })
 
 
 def release_id(plan: dict, patch_fingerprint: str | None) -> str:

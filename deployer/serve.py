@@ -153,5 +153,16 @@ def systemd_env_quote(value: str) -> str:
         raise ServeConfigError(str(e)) from e
 
 
+# A word that starts with this names a file in the unit's credentials directory (serve_sglang.CREDENTIALS_TOKEN):
+# written as systemd's ``%d`` specifier, the one specifier the deployer ever lets through.
+CREDENTIALS_TOKEN = "{credentials}"
+
+
 def exec_start(argv: list[str]) -> str:
-    return " ".join(systemd_exec_quote(a) for a in argv)
+    words = []
+    for a in argv:
+        q = systemd_exec_quote(a)
+        if a.startswith(CREDENTIALS_TOKEN + "/"):
+            q = '"%d' + q[1 + len(CREDENTIALS_TOKEN):]
+        words.append(q)
+    return " ".join(words)

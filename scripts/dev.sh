@@ -65,6 +65,20 @@ prepare_vllm() {
   fi
 }
 
+# The SGLang release the sandbox's SGLang backend installs (backend sglang), cached the same way: ~1 min and
+# ~10 GB of packages (torch, CUDA libraries) the first time; its GPU-less checks run this real SGLang.
+prepare_sglang() {
+  local v=${1:-0.5.23}
+  local d=$CACHE/venvs/sglang-$v
+  if [ ! -f "$d/.deployer-installed" ]; then
+    echo "setup: preparing SGLang $v (cached at $d; ~1-8 min the first time)"
+    rm -rf "$d"
+    "$VENV/bin/uv" venv -q -p "$PY" "$d"
+    "$VENV/bin/uv" pip install -q -p "$d/bin/python" "sglang==$v"
+    echo "$v" > "$d/.deployer-installed"
+  fi
+}
+
 # A Python with ansible-core and nothing else: proves plain `ansible-playbook` works without this package.
 prepare_plain_ansible() {
   local d=$CACHE/venvs/ansible-core-only
@@ -77,13 +91,13 @@ prepare_plain_ansible() {
 }
 
 case "${1:-}" in
-  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_plain_ansible ;;
+  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_sglang 0.5.23; prepare_plain_ansible ;;
   demo)
     apt_deps; py_deps; prepare_vllm 0.16.0
     "$VENV/bin/deployer" sandbox start
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
-    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_plain_ansible  # 0.18.0: native path
+    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_sglang 0.5.23; prepare_plain_ansible
     # two workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py)
     exec "$VENV/bin/python" -m pytest -q -ra -n "${DEPLOYER_TEST_WORKERS:-2}" --dist loadfile "${@:2}" ;;
   *) echo "usage: $0 setup|demo|test [pytest args]"; exit 2 ;;

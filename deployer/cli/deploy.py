@@ -88,7 +88,7 @@ def up(
     as_json: Json = False,
     verbose: Annotated[int, typer.Option("-v", count=True, help="Show tasks (-v) and Ansible's detail (-vv...).")] = 0,
 ):
-    """Deploy (or converge) vLLM + EAGLE-3.  Exit 0 only when the server answered the smoke test."""
+    """Deploy (or converge) vLLM or SGLang + EAGLE-3.  Exit 0 only when the server answered the smoke test."""
     ev = parse_extra(extra or [])
     ev["deployer_run_pid"] = os.getpid()
     if if_changed:

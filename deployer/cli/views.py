@@ -51,6 +51,11 @@ def _api(protected) -> str:
     return "-" if protected is None else ("key" if protected else "[red]OPEN[/]")
 
 
+def _engine(r: dict) -> str:
+    """``vllm 0.16.0`` / ``sglang 0.5.23`` (records written before the SGLang backend: vLLM)."""
+    return f"{r.get('backend') or 'vllm'} {r.get('engine_version') or r.get('vllm_version') or '-'}"
+
+
 def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
              inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
              extra: Extra = None, as_json: Json = False):
@@ -62,12 +67,12 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
         return
     for h, st in sorted(data.items()):
         t = Table(title=f"{h}: releases")
-        for c in ("", "id", "vLLM", "patch", "result", "deployed", "down s", "load s", "prewarm s", "compile",
+        for c in ("", "id", "engine", "patch", "result", "deployed", "down s", "load s", "prewarm s", "compile",
                   "accept", "API"):
             t.add_column(c, no_wrap=True)
         for r in st.get("releases", []):   # newest first (deployer_state sorts them)
             mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
-            t.add_row(mark, r["id"], str(r.get("vllm_version") or "-"), str(r.get("patch_fingerprint") or "native")[:12],
+            t.add_row(mark, r["id"], _engine(r), str(r.get("patch_fingerprint") or "native")[:12],
                       str(r.get("result") or "-"), _ts(r.get("deployed_at")), _num((r.get("downtime") or {}).get("seconds")),
                       _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
                       _num(r.get("acceptance_rate")), _api(r.get("api_protected")))

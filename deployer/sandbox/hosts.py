@@ -165,6 +165,12 @@ def drafter_config() -> dict:
 def write_model_dir(root: Path, shards: int = 64) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(kimi_config(), indent=2))
+    # SANDBOX: the real checkpoint ships Moonshot's configuration_kimi_k25.py (config.json's auto_map names it;
+    # SGLang loads it with --trust-remote-code).  This one re-exports the serving engine's own copy of the class.
+    (root / "configuration_kimi_k25.py").write_text(
+        "# SANDBOX stand-in for the checkpoint's own file: the installed engine's KimiK25Config.\n"
+        "try:\n    from sglang.srt.configs.kimi_k25 import KimiK25Config  # noqa: F401\n"
+        "except ImportError:\n    from vllm.transformers_utils.configs.kimi_k25 import KimiK25Config  # noqa: F401\n")
     names = [f"model-{i:05d}-of-{shards:06d}.safetensors" for i in range(1, shards + 1)]
     weight_map = {f"language_model.model.layers.{i}.mlp.experts.weight": n for i, n in enumerate(names)}
     (root / "model.safetensors.index.json").write_text(
@@ -229,6 +235,7 @@ def _prepare_upper(h: Host, pubkey: str) -> Path:
     os.chmod(bin_ / "nvidia-smi", 0o755)
     lib = mk("usr/local/lib/deployer-sandbox")
     shutil.copy(HERE / "standin.py", lib / "vllm_standin.py")
+    shutil.copy(HERE / "sglang_standin.py", lib / "sglang_standin.py")   # plays SGLang (backend sglang)
     # the stand-in's own bookkeeping (argv.json, ready/died marks): it runs as the unprivileged service
     # user under ProtectSystem=strict, so the directory is made at boot and allowed in the inventory
     tmpfiles = mk("etc/tmpfiles.d")

@@ -107,18 +107,23 @@ _PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdifrx]")
 
 
 class VllmSource(object):
-    """Message text and [file:line] read from the installed vLLM's source with ``ast`` (no import of vLLM)."""
+    """Message text and [file:line] read from the installed engine's source with ``ast`` (no import of it).
+    ``package`` "sglang" with standin_sglang.MESSAGES reads SGLang's (f-strings: their constant parts)."""
 
-    def __init__(self):
-        spec = importlib.util.find_spec("vllm")
+    def __init__(self, package="vllm", messages=None, fallback=None):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
         self.root = os.path.dirname(spec.origin) if spec and spec.origin else None
+        self.messages, self.fallback = messages or MESSAGES, fallback or FALLBACK
         self.cache = {}
 
     def find(self, key):
         """(text, 'file.py', line) for a MESSAGES key; vLLM 0.16.0's text when no vLLM is installed."""
         if key in self.cache:
             return self.cache[key]
-        rel, anchors = MESSAGES[key]
+        rel, anchors = self.messages[key]
         found = None
         if self.root:
             path = os.path.join(self.root, rel)
@@ -141,7 +146,7 @@ class VllmSource(object):
                     if found is None or line < found[2]:
                         found = (node.value, os.path.basename(rel), line)
         if found is None:
-            found = (FALLBACK[key], os.path.basename(rel), 0)
+            found = (self.fallback[key], os.path.basename(rel), 0)
         self.cache[key] = found
         return found
 
@@ -447,6 +452,10 @@ def make_handler(args, metrics, api_key, started, k=None):
 
 
 def main(argv):
+    if "--model-path" in argv:   # `sglang serve --model-path ...`: the stand-in plays SGLang
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import sglang_standin
+        return sglang_standin.main(argv)
     p = argparse.ArgumentParser(prog="vllm")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")

@@ -16,12 +16,13 @@ except ImportError:
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from deployer import drafter, plan, serve, settings_check  # noqa: E402
+from deployer import drafter, plan, serve, serve_sglang, settings_check  # noqa: E402
 from deployer.ansible_plugins.module_utils import vllm_logs  # noqa: E402
 
 
 def parse_gpu_csv(text):
-    """``nvidia-smi --query-gpu=name,memory.total,driver_version[,memory.used] --format=csv,noheader`` -> dicts."""
+    """``nvidia-smi --query-gpu=name,memory.total,driver_version[,memory.used[,compute_cap]] --format=csv,noheader``
+    -> dicts."""
     gpus = []
     for line in (text or "").splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -30,8 +31,16 @@ def parse_gpu_csv(text):
         mem = parts[1].split()[0] if parts[1] else "0"
         used = parts[3].split()[0] if len(parts) > 3 and parts[3] else "0"
         gpus.append({"name": parts[0], "memory_mib": int(mem) if mem.isdigit() else 0, "driver": parts[2],
-                     "used_mib": int(used) if used.isdigit() else 0})
+                     "used_mib": int(used) if used.isdigit() else 0,
+                     "compute_cap": parts[4] if len(parts) > 4 else ""})
     return gpus
+
+
+def sm120_refusals(the_plan, gpus):
+    """What in the plan's launch cannot run on these GPUs (SGLang attention backends on sm_120): messages."""
+    if (the_plan or {}).get("backend") != "sglang":
+        return []
+    return serve_sglang.sm120_refusals(the_plan["argv"], [g.get("compute_cap", "") for g in gpus or []])
 
 
 def version_tuple(v):
@@ -109,6 +118,7 @@ class FilterModule(object):
             "unknown_settings": settings_check.unknown,
             "nvidia_device_allow": nvidia_device_allow,
             "systemd_exec_start": serve.exec_start,
+            "sm120_refusals": sm120_refusals,
             "systemd_env_quote": serve.systemd_env_quote,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,

@@ -130,7 +130,7 @@ def relink(link, target, check_mode=False):
     return True
 
 
-SUMMARY_KEYS = ("id", "vllm_version", "patch_fingerprint", "drafter_tree_sha256", "result", "deployed_at",
+SUMMARY_KEYS = ("id", "backend", "engine_version", "vllm_version", "patch_fingerprint", "drafter_tree_sha256", "result", "deployed_at",
                 "created_at", "user", "controller", "phase_seconds", "load_seconds", "acceptance_rate",
                 "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",
                 "api_protected", "service_user", "downtime", "prewarm")
@@ -235,6 +235,9 @@ def _venv_state(venv):
     out = {"path": venv, "installed": os.path.exists(os.path.join(venv, ".deployer-installed"))}
     if not out["installed"]:
         return out
+    if os.path.basename(venv.rstrip("/")).startswith("sglang-"):
+        out.update(state="native", fingerprint=None, patches=[])   # SGLang venvs are never patched
+        return out
     try:
         from ansible.module_utils import eagle3_patch as pe
     except ImportError:
@@ -261,6 +264,18 @@ def probe(root, service, venv, drafter_dir, port, live=False):
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
             "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
             "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": http_health(port)})
+
+
+def _sglang_api_key(release_dir):
+    """The key in an SGLang release's secret file (``api-key: "<JSON string>"``, templates/sglang-secrets.yaml.j2)."""
+    try:
+        with open(os.path.join(release_dir, "sglang-secrets.yaml")) as f:
+            for line in f:
+                if line.startswith("api-key:"):
+                    return str(json.loads(line.split(":", 1)[1].strip()))
+    except (OSError, ValueError):
+        pass
+    return ""
 
 
 def host_state(root, service, target=None, want_secrets=False):
@@ -307,6 +322,6 @@ def host_state(root, service, target=None, want_secrets=False):
                         env = envfile.parse(f.read())
                 except OSError:
                     env = {}
-                t["api_key"] = env.get("VLLM_API_KEY", "")
+                t["api_key"] = env.get("VLLM_API_KEY", "") or _sglang_api_key(t["dir"])
         out["target"] = t
     return out

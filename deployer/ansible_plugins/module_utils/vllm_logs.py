@@ -1,5 +1,6 @@
 # -*- coding: utf-8 -*-
-"""vLLM start-up log parser: which load phase the server is in, how far, and whether it died.
+"""Engine start-up log parser (vLLM, and SGLang with ``LoadState("sglang")``): which load phase the server is
+in, how far, and whether it died.
 
 Pure and standard-library only: used on the host by the ``vllm_watch`` module and on
 the controller by the CLI and tests.  Each rule's source line in vLLM is listed in
@@ -36,16 +37,27 @@ RX = {
     "api": re.compile(r"Starting vLLM (?:API )?server"),
     "ready": re.compile(r"Application startup complete"),
     "spec": re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?Avg Draft acceptance rate: ([\d.]+)%"),
+    # SGLang (sglang/srt: model_executor/model_runner.py, mem_cache/memory_pool.py,
+    # model_executor/model_runner_components/cuda_graph_setup.py, entrypoints/http_server.py,
+    # managers/scheduler_components/metrics_reporter.py); docs/backends.md lists each line
+    "sg_weights_begin": re.compile(r"Load weight begin\. avail mem=([\d.]+) GB"),
+    "sg_weights_end": re.compile(r"Load weight end\. elapsed=([\d.]+) s, type=(\w+)"),
+    "sg_kv": re.compile(r"KV Cache is allocated\. (?:dtype: [^,]+, )?#tokens: (\d+)"),
+    "sg_graphs": re.compile(r"Capture (.*?) (?:cuda|CUDA) graph (begin|end)\.(?: elapsed=([\d.]+) s)?"),
+    "sg_ready": re.compile(r"The server is fired up and ready to roll!"),
+    "sg_spec": re.compile(r"Decode batch.*?accept len: ([\d.]+), accept rate: ([\d.]+)"),
 }
 # Lines that mean the server is going down.  Checked before the phase rules.  The specific kinds
 # name a root cause and win over the generic ones (GENERIC_FATAL) whatever the order they come in:
 # vLLM logs "EngineCore failed to start." BEFORE the traceback that ends in the root cause.
 GENERIC_FATAL = ("engine_dead", "traceback")
 FATAL = (
-    ("eagle3_interface", re.compile(r"Model does not support EAGLE3 interface")),
+    ("eagle3_interface", re.compile(r"Model does not support EAGLE3 interface|"
+                                    r"does not implement set_eagle3_layers_to_capture")),
     ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
     ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|NCCL WARN .*(?:failed|error)", re.I)),
-    ("engine_dead", re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError")),
+    ("engine_dead", re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError|"
+                               r"Scheduler hit an exception|Received sigquit from a child process")),
     ("validation", re.compile(r"pydantic_core\._pydantic_core\.ValidationError|ValidationError: \d+ validation error")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
@@ -72,7 +84,9 @@ def strip_prefix(line):
 class LoadState(object):
     """Fold log lines into the current phase.  ``feed(line, t)`` with ``t`` seconds (any clock)."""
 
-    def __init__(self):
+    def __init__(self, engine="vllm"):
+        self.engine = engine
+        self.rules = SGLANG_RULES if engine == "sglang" else RULES
         self.phase = "starting"
         self.phase_started = {"starting": None}
         self.progress = None        # (n, total) within the phase, when known
@@ -122,7 +136,7 @@ class LoadState(object):
         for rx in WARN:
             if rx.search(line) and line not in self.warnings:
                 self.warnings.append(line)
-        for key, action in RULES:
+        for key, action in self.rules:
             m = RX[key].search(line)
             if m:
                 action(self, m, t)
@@ -134,6 +148,10 @@ class LoadState(object):
         if m:
             self.facts["log_mean_acceptance_length"] = float(m.group(1))
             self.facts["log_acceptance_rate"] = float(m.group(2)) / 100.0
+        m = RX["sg_spec"].search(line)
+        if m:   # SGLang's decode log: accept len counts the verified token too, like vLLM's mean length
+            self.facts["log_mean_acceptance_length"] = float(m.group(1))
+            self.facts["log_acceptance_rate"] = float(m.group(2))
 
     def percent(self):
         if self.progress and self.progress[1]:
@@ -255,6 +273,41 @@ RULES = (
 )
 
 
+def _r_sg_weights_begin(st, m, t):
+    # SGLang loads the target, then (after its KV cache and CUDA graphs) the drafter: a second begin
+    st.facts["sg_loads"] = st.facts.get("sg_loads", 0) + 1
+    st._enter("weights", t)
+    st.progress = None
+
+
+def _r_sg_weights_end(st, m, t):
+    key = "weights_seconds" if st.facts.get("sg_loads", 1) <= 1 else "drafter_weights_seconds"
+    st.facts[key] = float(m.group(1))
+    st.facts["model_class" if key == "weights_seconds" else "drafter_class"] = m.group(2)
+    st.last_progress_t = t
+
+
+def _r_sg_graphs(st, m, t):
+    st._enter("graphs", t)
+    if m.group(2) == "end" and m.group(3):
+        st.facts["graphs_seconds"] = round(st.facts.get("graphs_seconds", 0.0) + float(m.group(3)), 3)
+    st.facts["graph_mode"] = m.group(1)
+    st.last_progress_t = t
+
+
+# SGLang: weights (target), KV cache, CUDA graphs (the drafter's load and graphs come in this phase), the
+# HTTP server (uvicorn's startup line: the port is open, /health answers 503 until the warm-up), ready.
+SGLANG_RULES = (
+    ("sg_weights_begin", _r_sg_weights_begin),
+    ("shards", _r_shards),
+    ("sg_weights_end", _r_sg_weights_end),
+    ("sg_kv", lambda st, m, t: (st._enter("kv_cache", t), _fact("kv_cache_tokens", 1, int)(st, m, t))),
+    ("sg_graphs", _r_sg_graphs),
+    ("ready", _enter("api")),
+    ("sg_ready", _enter("ready")),
+)
+
+
 def eta_seconds(phase, elapsed_in_phase, previous):
     """ETA from the previous successful release's per-phase durations (``previous``: phase -> seconds)."""
     if not previous or phase not in PHASES:
@@ -298,6 +351,8 @@ def spec_decode_stats(text):
     def total(name):
         return sum(v for _l, v in m.get(name, []))
 
+    if "vllm:spec_decode_num_drafts_total" not in m and "sglang:spec_accept_length" in m:
+        return _sglang_spec_stats(m, total)
     drafts = total("vllm:spec_decode_num_drafts_total")
     draft_tokens = total("vllm:spec_decode_num_draft_tokens_total")
     accepted = total("vllm:spec_decode_num_accepted_tokens_total")
@@ -316,8 +371,31 @@ def spec_decode_stats(text):
     }
 
 
+def _sglang_spec_stats(m, total):
+    """SGLang's gauges (sglang/srt/observability/metrics_collector.py): the most recent decode window's mean
+    acceptance length (accepted drafts + the bonus token, as vLLM's mean length) and acceptance rate (accepted /
+    proposed drafts), from tensor-parallel rank 0; verify steps (``spec_verify_calls_total``) count the drafts."""
+    def gauge(name):
+        vals = [(str(lab.get("tp_rank", "0")) != "0", v) for lab, v in m.get(name, [])]
+        return sorted(vals)[0][1] if vals else None
+    length, rate = gauge("sglang:spec_accept_length"), gauge("sglang:spec_accept_rate")
+    return {
+        "present": True, "engine": "sglang",
+        "num_drafts": total("sglang:spec_verify_calls_total"),
+        "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0,
+        "acceptance_rate": round(rate, 4) if rate else None,
+        "mean_acceptance_length": round(length, 4) if length else None,
+        "per_position_rate": {},
+    }
+
+
 def spec_decode_delta(before, after):
-    """Rates over the interval between two ``spec_decode_stats`` snapshots."""
+    """Rates over the interval between two ``spec_decode_stats`` snapshots (SGLang: its gauges already are
+    a recent window's rates; the drafts are its verify steps)."""
+    if after.get("engine") == "sglang":
+        return {"drafts": after["num_drafts"] - before.get("num_drafts", 0.0), "draft_tokens": None,
+                "accepted_tokens": None, "acceptance_rate": after["acceptance_rate"],
+                "mean_acceptance_length": after["mean_acceptance_length"]}
     d = after["num_drafts"] - before["num_drafts"]
     dt = after["num_draft_tokens"] - before["num_draft_tokens"]
     da = after["num_accepted_tokens"] - before["num_accepted_tokens"]

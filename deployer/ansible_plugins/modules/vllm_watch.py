@@ -38,6 +38,12 @@ options:
     description: Per-phase durations recorded by the previous successful release; used for an ETA.
     type: dict
     default: {}
+  engine:
+    description:
+      - Whose log lines to read (C(vllm) or C(sglang)); the phases and fatal lines differ (module_utils/vllm_logs.py).
+    type: str
+    choices: [vllm, sglang]
+    default: vllm
   stall_floor_factor:
     description:
       - When above 0, a phase's stall limit is at least this many times that phase's duration in
@@ -185,7 +191,7 @@ def look(module, p):
     props = unit_props(module, p["service"])
     started = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
     entries = journal(module, p["service"], props.get("InvocationID"))
-    st = LoadState()
+    st = LoadState(p.get("engine") or "vllm")
     for t, msg in entries:
         st.feed(msg, t)
     now = time.clock_gettime(time.CLOCK_MONOTONIC)
@@ -249,6 +255,7 @@ def main():
             budget_seconds=dict(type="int", default=1800),
             previous_phase_seconds=dict(type="dict", default={}),
             stall_floor_factor=dict(type="float", default=0.0),
+            engine=dict(type="str", choices=["vllm", "sglang"], default="vllm"),
         ),
         supports_check_mode=True,
     )

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Ask the installed SGLang itself, with no GPU, whether this launch can work.
+
+Run with the release's venv python on the host, before anything is (re)started:
+  1. SGLang's own ``sglang serve`` argument parser (``prepare_server_args``) accepts the rendered argv
+     (a misspelt or ambiguous flag: argparse's own message, as ``sglang serve`` would print it);
+  2. SGLang's own server-args resolution (``ServerArgs.resolve_once``; ``check_server_args`` and
+     ``__post_init__`` on releases before 0.5.19) with the device forced to CUDA, against the model's and the
+     drafter's local config.json (a drafter path without config.json fails here, with SGLang's message);
+  3. the EAGLE-3 hook on the OUTER class SGLang calls (``KimiK25ForConditionalGeneration`` must define
+     ``set_eagle3_layers_to_capture``), imported from this venv.
+The API key word (``{credentials}/sglang-secrets.yaml``, the unit's credentials directory) is replaced by a
+throw-away file holding a placeholder key: the real key is never read here.
+What SGLang cannot check without the GPU (attention backends on sm_120) preflight checks from compute_cap.
+Prints one ``DEPLOYER-VERIFY {json}`` line (same report as vllm_verify.py); exit 0 only when every check passed.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+CREDENTIALS_TOKEN = "{credentials}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
+    ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu", help="accepted for the role's sake; "
+                    "SGLang resolves with the device forced to cuda")
+    a = ap.parse_args()
+    with open(a.argv_json) as f:
+        argv = json.load(f)
+    serve_argv = argv[argv.index("serve") + 1:]
+    tmp = tempfile.mkdtemp(prefix="deployer-verify-")
+    with open(os.path.join(tmp, "sglang-secrets.yaml"), "w") as f:
+        f.write("api-key: deployer-verify-placeholder\n")
+    serve_argv = [w.replace(CREDENTIALS_TOKEN, tmp, 1) if w.startswith(CREDENTIALS_TOKEN + "/") else w
+                  for w in serve_argv]
+    report = {"checks": [], "ok": True, "platform": "cuda (forced; no GPU touched)"}
+    state = {}
+
+    def check(name, fn):
+        t0 = time.time()
+        try:
+            detail = fn()
+            report["checks"].append({"name": name, "ok": True, "detail": detail, "seconds": round(time.time() - t0, 2)})
+            return True
+        except BaseException as e:  # report SGLang's own error text
+            msg = "%s: %s" % (type(e).__name__, e)
+            if isinstance(e, SystemExit):
+                lines = state.get("stderr", "").strip().splitlines()
+                msg = "sglang serve's argument parser exited with status %s: %s" % (e.code, lines[-1] if lines else "")
+            report["checks"].append({"name": name, "ok": False, "error": msg,
+                                     "traceback": traceback.format_exc()[-3000:],
+                                     "seconds": round(time.time() - t0, 2)})
+            report["ok"] = False
+            return False
+
+    import importlib.metadata as md
+    report["engine_version"] = md.version("sglang")
+    from sglang.srt.server_args import prepare_server_args
+
+    def parse():
+        import contextlib
+        import io
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                state["args"] = prepare_server_args(serve_argv)
+        finally:
+            state["stderr"] = err.getvalue()
+            sys.stderr.write(state["stderr"])
+        return "sglang serve accepts %d words" % len(serve_argv)
+
+    def resolve():
+        sa = state["args"]
+        sa.device = "cuda"       # GPU-less: SGLang would find no accelerator; the host has CUDA
+        if hasattr(sa, "resolve_once"):
+            sa.resolve_once()
+        elif hasattr(sa, "check_server_args"):
+            sa.check_server_args()
+        return {"attention_backend": getattr(sa, "attention_backend", None),
+                "speculative_algorithm": getattr(sa, "speculative_algorithm", None),
+                "speculative_draft_model_path": getattr(sa, "speculative_draft_model_path", None),
+                "max_running_requests": getattr(sa, "max_running_requests", None)}
+
+    def eagle3():
+        from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration as K
+        if not callable(getattr(K, "set_eagle3_layers_to_capture", None)):
+            raise RuntimeError("Model KimiK25ForConditionalGeneration does not implement "
+                               "set_eagle3_layers_to_capture (SGLang would say so after the weight load)")
+        return {"KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture": True}
+
+    if check("sglang_argparse", parse):
+        check("sglang_server_args", resolve)
+    if "--speculative-algorithm" in serve_argv:
+        check("eagle3_hook", eagle3)
+    print("DEPLOYER-VERIFY " + json.dumps(report))
+    sys.stdout.flush()
+    os._exit(0 if report["ok"] else 1)   # SGLang's imports leave threads behind
+
+
+if __name__ == "__main__":
+    main()
