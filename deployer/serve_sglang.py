@@ -130,10 +130,14 @@ def build_sglang_argv(spec: dict) -> list[str]:
         raise ServeConfigError(f"sglang_extra_args: got {extra!r}, expected a list of strings (one argv word each)")
     for a in extra:
         flag = a.split("=", 1)[0] if a.startswith("-") else ""
-        if flag in MANAGED_FLAGS:
-            raise ServeConfigError(f"sglang_extra_args: {flag} is set by the deployer from its own variable; set that "
-                                   "variable instead" + (" (the API key goes in the secret file)" if "api-key" in a
-                                                         else ""))
+        # argparse takes an unambiguous prefix as the whole flag (allow_abbrev): --speculative-num-draft 8 IS
+        # --speculative-num-draft-tokens 8, a second source for a managed flag
+        owned = [m for m in MANAGED_FLAGS if m == flag or (flag.startswith("--") and len(flag) > 4 and m.startswith(flag))]
+        if owned:
+            raise ServeConfigError(
+                f"sglang_extra_args: {flag} " + (f"abbreviates {owned[0]}, which " if owned[0] != flag else "")
+                + "is set by the deployer from its own variable; set that variable instead"
+                + (" (the API key goes in the secret file)" if "api-key" in a else ""))
         if "\n" in a or "\x00" in a or CREDENTIALS_TOKEN in a:
             raise ServeConfigError(f"sglang_extra_args: {a!r} contains a newline, NUL or {CREDENTIALS_TOKEN}")
 

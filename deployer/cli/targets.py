@@ -89,12 +89,13 @@ def adhoc_inventory(host: str, port: int, user: str, key: Optional[str], trust_n
 
 
 def parse_extra(extra: list[str]) -> dict:
-    """``-e k=v`` (value parsed as YAML) or ``-e @file.yml``; secrets also from DEPLOYER_API_KEY / _HF_TOKEN."""
+    """``-e k=v`` (value parsed as YAML), ``-e @file.yml`` or, as ansible-playbook takes it, ``-e '{"k": [..]}'``
+    (a JSON/YAML mapping); secrets also from DEPLOYER_API_KEY / _HF_TOKEN."""
     vals: dict = {}
     for item in extra:
-        if item.startswith("@"):
+        if item.startswith("@") or item.lstrip().startswith("{"):
             try:
-                loaded = yaml.safe_load(Path(item[1:]).read_text()) or {}
+                loaded = yaml.safe_load(item if item.lstrip().startswith("{") else Path(item[1:]).read_text()) or {}
             except (OSError, yaml.YAMLError) as e:
                 die(Exit.USAGE, f"-e {item}: {e}")
             if not isinstance(loaded, dict):

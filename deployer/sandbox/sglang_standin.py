@@ -50,6 +50,8 @@ MESSAGES = {
     "shards_desc": ("srt/model_loader/weight_utils.py", ("Loading safetensors checkpoint shards",)),
 }
 FALLBACK = {k: v[1][0] for k, v in MESSAGES.items()}
+FALLBACK["eagle3"] = (" does not implement set_eagle3_layers_to_capture, which EAGLE3 aux hidden-state capture "
+                      "requires.")
 FALLBACK["bar_format"] = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
 SRC = base.VllmSource("sglang", MESSAGES, FALLBACK)
 ENGINE = {"warm": False}
@@ -89,7 +91,7 @@ def die(exc_type, message):
               % time.strftime("%Y-%m-%d %H:%M:%S"))
     err.write('  File "sglang/srt/managers/scheduler.py", line 1, in run_scheduler_process\n')
     err.write("%s: %s\n" % (exc_type, message))
-    log(SRC.find("sigquit")[0] + " It usually means the child failed.", tp=False)
+    log(SRC.find("sigquit")[0], tp=False)
     err.flush()
     base.mark("died_at")
     sys.exit(1)
@@ -296,8 +298,8 @@ def main(argv):
     log("Load weight end. elapsed=%.2f s, type=KimiK25ForConditionalGeneration, avail mem=20.51 GB, "
         "mem usage=72.61 GB." % (time.time() - t0))
     if spec and not hook_present():   # configure_aux_hidden_state_capture, before the KV cache and graphs
-        die("ValueError", "Model KimiK25ForConditionalGeneration does not implement "
-            + SRC.find("eagle3")[0] + "capture requires.")
+        # the f-string's constant part after the class name: " does not implement set_eagle3_layers_to_capture, ..."
+        die("ValueError", "Model KimiK25ForConditionalGeneration" + SRC.find("eagle3")[0])
     phase("kv_cache")
     time.sleep(ps["kv_cache"])
     log("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 418016, KV size: 11.42 GB")
