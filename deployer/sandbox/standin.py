@@ -454,6 +454,7 @@ def make_handler(args, metrics, api_key, started, k=None):
 def main(argv):
     if "--model-path" in argv:   # `sglang serve --model-path ...`: the stand-in plays SGLang
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.modules.setdefault("vllm_standin", sys.modules[__name__])   # its shared parts: this module
         import sglang_standin
         return sglang_standin.main(argv)
     p = argparse.ArgumentParser(prog="vllm")

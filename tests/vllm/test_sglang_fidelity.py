@@ -1,0 +1,75 @@
+"""The stand-in playing SGLang speaks the installed SGLang's own words, and the load parser follows it.
+
+Runs against the real SGLang 0.5.23 venv scripts/dev.sh prepares (its source, its tqdm); docs/backends.md
+lists the lines these tests keep honest.
+"""
+import json
+import subprocess
+
+import pytest
+
+from deployer.ansible_plugins.module_utils import sglang_source
+from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+from deployer.sandbox import sglang_standin
+from deployer.sandbox.hosts import write_model_dir
+from helpers import CACHE, ROOT
+
+pytestmark = pytest.mark.vllm
+VERSION = "0.5.23"
+
+
+def venv():
+    d = CACHE / "venvs" / f"sglang-{VERSION}"
+    if not (d / ".deployer-installed").exists():
+        pytest.skip(f"prepared SGLang {VERSION} venv missing (scripts/dev.sh prepares it)")
+    return d
+
+
+def source():
+    from deployer.sandbox import standin
+    src = standin.VllmSource("sglang", sglang_standin.MESSAGES, sglang_standin.FALLBACK)
+    src.root = str(venv() / "lib" / "python3.11" / "site-packages" / "sglang")
+    return src
+
+
+def test_every_sglang_line_is_found_in_the_installed_source():
+    src = source()
+    missing = [k for k in sglang_standin.MESSAGES if src.find(k)[2] == 0]
+    assert not missing, f"SGLang {VERSION}: no source line for {missing} (update MESSAGES and docs/backends.md)"
+    assert not src.find("bar_format")[0].endswith("\n")    # \r redraws only: journald sees the bar at its end
+    assert src.find("eagle3")[0].startswith(" does not implement set_eagle3_layers_to_capture")
+
+
+def test_the_installed_sglang_can_serve_kimi_k25_with_both_drafters():
+    root = sglang_source.sglang_root_of(str(venv()))
+    for arch, where in (("LlamaForCausalLMEagle3", "srt/models/llama_eagle3.py"),
+                        ("Eagle3DeepseekV2ForCausalLM", "srt/models/kimi_k25_eagle3.py")):
+        c = sglang_source.capability(root, arch)
+        assert c["problems"] == [] and c["version"] == VERSION and c["drafter_class"] == where, c
+
+
+def test_parser_follows_the_sglang_standin(tmp_path):
+    model = tmp_path / "model"
+    write_model_dir(model, shards=8)
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"load_seconds": 1.5, "crash_phase": "api"}))   # die after a full load: exits
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DEPLOYER_STANDIN_KNOBS": str(knobs),
+           "DEPLOYER_STANDIN_STATE": str(tmp_path / "state")}
+    p = subprocess.run([str(venv() / "bin" / "python"), str(ROOT / "deployer/sandbox/standin.py"), "serve",
+                        "--model-path", str(model), "--port", "18998", "--speculative-algorithm", "EAGLE3",
+                        "--speculative-draft-model-path", str(drafter)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=120)
+    text = p.stdout.decode()        # bytes: text mode would turn tqdm's \r into \n
+    assert p.returncode == 1, text
+    bar = [x for x in text.split("\n") if "Loading safetensors checkpoint shards:" in x and "/8 [" in x]
+    assert len(bar) == 1 and bar[0].count("\r") >= 8, text     # one journal line, 8+ redraws inside it
+    st = LoadState("sglang")
+    for i, line in enumerate(text.split("\n")):
+        st.feed(line, float(i))
+    assert set(st.phase_durations(float(i))) >= {"weights", "kv_cache", "graphs"}
+    assert st.facts["model_class"] == "KimiK25ForConditionalGeneration"
+    assert st.facts["drafter_class"] == "LlamaForCausalLMEagle3" and st.facts["kv_cache_tokens"] > 0
+    assert st.fatal and st.fatal[0] == "nccl", st.fatal
