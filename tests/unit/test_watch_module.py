@@ -37,3 +37,32 @@ def test_journal_decodes_binary_messages_and_asks_for_all_fields():
         st.feed(msg, t)
     assert st.phase == "weights" and st.progress == (32, 64)
     assert st.phase_durations(3.0) == {"starting": 1.0, "weights": 1.0}
+
+
+class UnitModule:
+    """systemctl show answers ``props``; the journal is empty."""
+    def __init__(self, **props):
+        self.props = props
+
+    def run_command(self, args):
+        if args[0] == "systemctl":
+            return 0, "\n".join(f"{k}={v}" for k, v in self.props.items()), ""
+        return 0, "", ""
+
+
+P = {"service": "deployer-vllm", "port": 1, "stall_seconds": {}, "budget_seconds": 1800,
+     "previous_phase_seconds": {}, "stall_floor_factor": 0, "engine": "vllm"}
+
+
+def test_a_cgroup_setup_failure_waits_for_systemds_own_restart_then_gives_up():
+    def look(**kw):
+        props = dict(ActiveState="activating", SubState="auto-restart", MainPID="0", ExecMainStatus="219",
+                     NRestarts="0", InvocationID="", ActiveEnterTimestampMonotonic="0")
+        props.update(kw)
+        return vllm_watch.look(UnitModule(**props), P)
+    r = look()
+    assert r["state"] == "loading" and "219, CGROUP" in r["note"]
+    assert look(NRestarts="2")["state"] == "crashed"                       # a bounded number of times
+    r = look(ExecMainStatus="217")                                          # USER: never transient
+    assert r["state"] == "crashed" and "(USER)" in r["reason"]
+    assert look(SubState="failed", ActiveState="failed")["state"] == "crashed"

@@ -130,6 +130,11 @@ SYSTEMD_EXIT = {"200": "CHDIR", "203": "EXEC", "204": "MEMORY", "206": "OOM_ADJU
                 "210": "CHROOT", "214": "SETSCHEDULER", "216": "GROUP", "217": "USER", "218": "CAPABILITIES",
                 "219": "CGROUP", "220": "SETSID", "226": "NAMESPACE", "228": "SECCOMP", "233": "RUNTIME_DIRECTORY",
                 "236": "SMACK_PROCESS_LABEL", "243": "CREDENTIALS"}
+# Setup failures that say nothing about the release: systemd could not create the unit's cgroup (seen right after
+# the previous server's cgroup was torn down).  The unit's Restart=on-failure retries it after RestartSec; the
+# watch waits for that instead of rolling back a release that never ran, at most this many times.
+TRANSIENT_SETUP = ("219",)
+TRANSIENT_SETUP_RETRIES = 2
 GENERIC_FATAL_GRACE_SECONDS = 3.0
 
 
@@ -207,6 +212,12 @@ def look(module, p):
                overdue_seconds=overdue_seconds(snap["phase"], snap["phase_seconds"].get(snap["phase"], 0.0),
                                                p.get("previous_phase_seconds") or {}))
     active = props.get("ActiveState")
+    if (props.get("SubState") == "auto-restart" and props.get("ExecMainStatus") in TRANSIENT_SETUP
+            and int(props.get("NRestarts") or 0) < TRANSIENT_SETUP_RETRIES):
+        res.update(state="loading", health=None,
+                   note="systemd could not set the process up (exit status %s, %s): its own restart follows"
+                   % (props["ExecMainStatus"], SYSTEMD_EXIT[props["ExecMainStatus"]]))
+        return res
     if active not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
         res.update(state="crashed", tail=tail,
                    reason="the server process exited (unit %s/%s, exit status %s%s) during phase '%s'"
