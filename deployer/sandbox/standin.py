@@ -280,6 +280,45 @@ CRASHES = {
 }
 
 
+def _supports_eagle3_cached():
+    """The real ``supports_eagle3`` of this venv's vLLM, asked once per state of the files that decide it.
+
+    Importing vLLM's model classes costs ~20 s of CPU per start; the answer depends only on this venv's source
+    (the patch engine's targets), so it is remembered under a key of the venv and those files' sizes and
+    mtimes (a patch or a revert rewrites them: a new key).  SANDBOX bookkeeping, not vLLM behaviour."""
+    files = []
+    if SRC.root:
+        models = os.path.join(SRC.root, "model_executor", "models")
+        files = [os.path.join(models, n) for n in ("interfaces.py", "interfaces_base.py", "kimi_k25.py",
+                                                   "deepseek_v2.py", "registry.py")]
+    key = [sys.prefix]
+    for f in files:
+        try:
+            st = os.stat(f)
+            key.append("%s:%d:%d" % (f, st.st_size, st.st_mtime_ns))
+        except OSError:
+            key.append(f + ":-")
+    path = os.path.join(STATE_DIR, "eagle3-%s.json" % hashlib.sha256("|".join(key).encode()).hexdigest()[:16])
+    try:
+        with open(path) as fh:
+            got = json.load(fh)
+        return got["ok"], got["version"], got["module"], True
+    except (OSError, ValueError, KeyError):
+        pass
+    from vllm.model_executor.models.interfaces import supports_eagle3  # the real vLLM in this venv
+    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
+    got = {"ok": bool(supports_eagle3(KimiK25ForConditionalGeneration)), "version": __import__("vllm").__version__,
+           "module": KimiK25ForConditionalGeneration.__module__}
+    try:
+        tmp = "%s.%d" % (path, PID)
+        with open(tmp, "w") as fh:
+            json.dump(got, fh)
+        os.rename(tmp, path)
+    except OSError:
+        pass
+    return got["ok"], got["version"], got["module"], False
+
+
 def check_eagle3(drafter_dir):
     """What vLLM's GPUModelRunner.load_model does for method=eagle3, after the drafter has loaded."""
     use_aux = True
@@ -291,12 +330,10 @@ def check_eagle3(drafter_dir):
         pass
     if not use_aux:
         return
-    from vllm.model_executor.models.interfaces import supports_eagle3  # the real vLLM in this venv
-    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
-    ok = supports_eagle3(KimiK25ForConditionalGeneration)
+    ok, version, module, cached = _supports_eagle3_cached()
     # SANDBOX marker line (real vLLM says nothing when the check passes): what was asked, and of which vLLM
-    log(None, raw="supports_eagle3(KimiK25ForConditionalGeneration) = %s (vLLM %s, %s)"
-        % (ok, __import__("vllm").__version__, KimiK25ForConditionalGeneration.__module__), where="standin.py")
+    log(None, raw="supports_eagle3(KimiK25ForConditionalGeneration) = %s (vLLM %s, %s%s)"
+        % (ok, version, module, "; remembered for these unchanged files" if cached else ""), where="standin.py")
     if not ok:
         die("RuntimeError", SRC.text("eagle3"))
 
