@@ -25,7 +25,7 @@ out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty()
 
 # role -> stage name shown to the operator (the order of playbooks/up.yml)
 STAGES = {"preflight": "preflight", "vllm_install": "install", "vllm_patch": "patch", "drafter": "drafter",
-          "render": "render", "verify": "verify", "prewarm": "prewarm", "start": "start", "watch": "watch", "smoke": "smoke",
+          "render": "render", "verify": "verify", "prewarm": "prewarm", "balancer": "balancer", "start": "start", "watch": "watch", "smoke": "smoke",
           "release": "release"}
 ROLLBACK_TASKS = "/roles/release/tasks/rollback.yml"
 QUIET_MSGS = ("All assertions passed", "All items completed")

@@ -14,12 +14,14 @@ app = typer.Typer(no_args_is_help=True, help="The embedded sandbox GPU host (rea
 
 
 @app.command("start")
-def start(hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=20, help="How many sandbox hosts.")] = 1):
+def start(hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=20, help="How many sandbox hosts.")] = 1,
+          balancer: Annotated[bool, typer.Option("--balancer", help="One more host running HAProxy in front of "
+                                                  "them (inventory group balancer).")] = False):
     """Start N sandbox hosts (sbx1..sbxN) and write their inventory."""
     from deployer.sandbox import hosts as sb
     t0 = time.time()
     try:
-        started = sb.start(hosts)
+        started = sb.start(hosts, balancer=balancer)
     except sb.SandboxError as e:
         die(Exit.FAILED, str(e))
     for h in started:

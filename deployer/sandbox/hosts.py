@@ -342,8 +342,9 @@ def write_client_files(hosts: list[Host]) -> None:
     (STATE / "known_hosts").write_text("\n".join(kh) + "\n")
     (STATE / "ssh_config").write_text("\n".join(sc))
     import yaml
-    hostvars = {h.name: {"ansible_host": h.ip} for h in hosts}
-    inv = {"all": {"children": {"gpu": {"hosts": hostvars, "vars": {
+    hostvars = {h.name: {"ansible_host": h.ip} for h in hosts if not is_balancer(h)}
+    lbs = {h.name: {"ansible_host": h.ip} for h in hosts if is_balancer(h)}
+    inv = {"all": {"vars": {
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(key),
         "ansible_python_interpreter": "/usr/bin/python3",
@@ -351,6 +352,7 @@ def write_client_files(hosts: list[Host]) -> None:
         "ansible_control_path_dir": str(STATE / "cp-ansible"),
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={STATE}/known_hosts "
                                    "-o HostKeyAlias={{ inventory_hostname }} -o StrictHostKeyChecking=yes",
+    }, "children": {"gpu": {"hosts": hostvars, "vars": {
         # SANDBOX: the engine is the vLLM stand-in, run by the release venv's python so that it can
         # ask the real, installed vLLM for supports_eagle3(); packages come from the pre-seeded uv cache.
         "deployer_sandbox": True,
@@ -361,6 +363,8 @@ def write_client_files(hosts: list[Host]) -> None:
         "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),
         "deployer_writable_paths": ["-/run/deployer-standin"],
     }}}}}
+    if lbs:   # SANDBOX: HAProxy from the controller's own package (the hosts share its file system)
+        inv["all"]["children"]["balancer"] = {"hosts": lbs, "vars": {"deployer_sandbox": True}}
     (STATE / "inventory.yml").write_text(
         "# Written by `deployer sandbox start`.  Sandbox hosts only.\n" + yaml.safe_dump(inv, sort_keys=False))
     write_drafter_dir(STATE / "drafter")
@@ -377,12 +381,25 @@ def hosts_on_disk() -> list[Host]:
     return out
 
 
-def start(n: int = 1) -> list[Host]:
+def is_balancer(h: Host) -> bool:
+    return (h.dir / "role").exists() and (h.dir / "role").read_text().strip() == "balancer"
+
+
+def start(n: int = 1, balancer: bool = False) -> list[Host]:
+    """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer)."""
     missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
+    if balancer and not tools.find("haproxy"):
+        missing.append("haproxy")
     if missing:
         raise SandboxError(f"missing on this machine: {', '.join(missing)}; install: apt-get install -y "
                            + " ".join(APT_PACKAGES))
-    hosts = [start_host(i) for i in range(1, n + 1)]
+    for i in range(1, n + 1):
+        (host(i).dir / "role").unlink(missing_ok=True)
+    if balancer:
+        lb = host(n + 1)
+        lb.dir.mkdir(parents=True, exist_ok=True)
+        (lb.dir / "role").write_text("balancer\n")
+    hosts = [start_host(i) for i in range(1, n + 1 + (1 if balancer else 0))]
     write_client_files(sorted({h.name: h for h in hosts + hosts_on_disk() if is_running(h)}.values(),
                               key=lambda h: h.name))
     for h in hosts:
@@ -414,6 +431,7 @@ def _stop_host(h: Host) -> None:
         _run("umount", "-l", h.dir / "merged", check=False)
     for sub in ("upper", "work", "merged"):
         shutil.rmtree(h.dir / sub, ignore_errors=True)
+    (h.dir / "role").unlink(missing_ok=True)
 
 
 def close_masters() -> None:
