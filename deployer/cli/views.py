@@ -109,6 +109,10 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
         out.print(f"  GPU memory in use: {sum(gpu)} MiB over {len(gpu)} GPUs; EAGLE-3 acceptance rate "
                   f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}"
                   + (f"; [yellow]locked[/] by {lock.get('user')}@{lock.get('controller')}" if lock else ""))
+        lb = st.get("balancer")
+        if lb:
+            out.print(f"  balancer: {lb.get('state')}, {lb.get('scur')} requests in flight"
+                      + (f" ({lb['error']})" if lb.get("error") else ""))
     raise typer.Exit(int(Exit.FAILED) if bad else 0)
 
 

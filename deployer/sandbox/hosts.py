@@ -350,8 +350,9 @@ def write_client_files(hosts: list[Host]) -> None:
         "ansible_python_interpreter": "/usr/bin/python3",
         # this sandbox's own SSH control sockets: stopping one sandbox never cuts another's connections
         "ansible_control_path_dir": str(STATE / "cp-ansible"),
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={STATE}/known_hosts "
-                                   "-o HostKeyAlias={{ inventory_hostname }} -o StrictHostKeyChecking=yes",
+        # known_hosts names each host by name and address: no HostKeyAlias, so that a task delegated to the
+        # balancer checks the balancer's key, not the delegating host's
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={STATE}/known_hosts -o StrictHostKeyChecking=yes",
     }, "children": {"gpu": {"hosts": hostvars, "vars": {
         # SANDBOX: the engine is the vLLM stand-in, run by the release venv's python so that it can
         # ask the real, installed vLLM for supports_eagle3(); packages come from the pre-seeded uv cache.
@@ -431,7 +432,6 @@ def _stop_host(h: Host) -> None:
         _run("umount", "-l", h.dir / "merged", check=False)
     for sub in ("upper", "work", "merged"):
         shutil.rmtree(h.dir / sub, ignore_errors=True)
-    (h.dir / "role").unlink(missing_ok=True)
 
 
 def close_masters() -> None:
@@ -447,6 +447,7 @@ def stop(names: list[str] | None = None) -> list[str]:
         if names and h.name not in names:
             continue
         _stop_host(h)
+        (h.dir / "role").unlink(missing_ok=True)
         stopped.append(h.name)
     if not any(is_running(h) for h in hosts_on_disk()):
         time.sleep(0.3)

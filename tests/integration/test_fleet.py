@@ -1,0 +1,151 @@
+"""A fleet behind a real HAProxy (issue #15): three sandbox GPU hosts and a balancer host, a bounded client load
+through the balancer (bench/client_load.py) during rolling deploys.  Zero failed client requests, and no
+request that started while its host was out of the balancer was served by that host."""
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from helpers import ROOT
+from sandbox_helpers import FAST, deployer, needs_sandbox, sh
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+GPU = ["sbx1", "sbx2", "sbx3"]
+LB = "sbx4"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fleet():
+    from deployer.sandbox import hosts as sb
+    sb.stop()
+    sb.start(3, balancer=True)
+    r = deployer("up", "--sandbox", *FAST)          # the first deploy: balancer configured, all three serve
+    assert r.returncode == 0, r.stdout + r.stderr
+    yield sb
+    sb.stop()
+
+
+def lb_states():
+    out = sh(LB, f"PYTHONPATH={ROOT} python3 -c 'import json; from deployer.ansible_plugins.module_utils import "
+                 "haproxy_runtime as h; print(json.dumps({n: [h.state_word(r[\"status\"]), r[\"scur\"]] for n, r in "
+                 "h.servers(\"/run/haproxy/admin.sock\", \"llm\").items()}))'")
+    return json.loads(out)
+
+
+def current(host):
+    return sh(host, "readlink /opt/deployer/current | xargs basename")
+
+
+class Recorder:
+    """The balancer's view every 0.3 s while the roll runs (host -> [(t, state)])."""
+    def __init__(self):
+        self.seen, self.stop, self.t0 = {h: [] for h in GPU}, threading.Event(), time.time()
+        self.th = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                now = time.time() - self.t0
+                for h, (state, _scur) in lb_states().items():
+                    self.seen[h].append((now, state))
+            except Exception:
+                pass
+            time.sleep(0.3)
+
+    def out_of_service(self, host, t, margin=1.0):
+        """Was ``host`` drained/down at ``t`` (and on both sides of it, ``margin`` seconds apart)?"""
+        def at(x):
+            prior = [s for (tt, s) in self.seen[host] if tt <= x]
+            return prior[-1] if prior else "ready"
+        return all(at(x) != "ready" for x in (t - margin, t, t + margin))
+
+
+def roll(*args):
+    """A rolling deploy under client load; returns (deployer result, client records, summary, recorder)."""
+    from deployer.sandbox import hosts as sb
+    url = f"http://{sb.host(4).ip}:8000"
+    stop = ROOT / ".fleet-stop"
+    stop.unlink(missing_ok=True)
+    rec = Recorder()
+    client = subprocess.Popen([sys.executable, str(ROOT / "bench/client_load.py"), "--url", url, "--key-file",
+                               str(sb.STATE / "api_key"), "--rate", "4", "--seconds", "600", "--stop-file", str(stop)],
+                              stdout=subprocess.PIPE, text=True)
+    rec.th.start()
+    time.sleep(3)                                    # the load runs before the roll starts ...
+    r = deployer("up", "--sandbox", "--serial", "1", *FAST, *args)
+    time.sleep(3)                                    # ... and after it ends
+    stop.touch()
+    out, _ = client.communicate(timeout=120)
+    rec.stop.set()
+    stop.unlink(missing_ok=True)
+    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+    return r, [x for x in lines if "summary" not in x], lines[-1], rec
+
+
+def check_clients(records, summary, rec):
+    assert summary["summary"] and summary["requests"] >= 20, summary
+    failed = [x for x in records if x["status"] != 200 or x["error"]]
+    assert summary["failures"] == 0 and not failed, failed[:5]
+    # no request that started while its host was out of the balancer was served by it
+    wrong = [x for x in records if rec.out_of_service(x["served_by"], x["t"])]
+    assert not wrong, wrong[:5]
+
+
+def test_rolling_deploy_of_three_hosts_drains_each_and_no_client_request_fails():
+    before = {h: current(h) for h in GPU}
+    r, records, summary, rec = roll("-e", "deployer_max_model_len=65536")
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = {h: current(h) for h in GPU}
+    assert all(after[h] != before[h] for h in GPU)                 # every host runs the new release
+    check_clients(records, summary, rec)
+    # each host left the balancer once (never two at a time) and came back
+    for h in GPU:
+        states = [s for _t, s in rec.seen[h]]
+        assert "drain" in states and states[-1] == "ready", (h, states[-5:])
+    out_at = {h: [t for t, s in rec.seen[h] if s != "ready"] for h in GPU}
+    for a in GPU:
+        for b in GPU:
+            if a < b and out_at[a] and out_at[b]:
+                assert max(out_at[a]) < min(out_at[b]) or max(out_at[b]) < min(out_at[a]), (a, b)
+    assert set(summary["by_host"]) >= set(GPU)                     # the load was spread over the fleet
+    assert lb_states() == {h: ["ready", 0] for h in GPU}
+
+
+def test_a_failed_host_stops_the_roll_is_rolled_back_and_re_enabled_with_no_client_error():
+    from deployer.sandbox import hosts as sb
+    before = {h: current(h) for h in GPU}
+    sb.set_knobs("sbx2", standin={"crash_phase": "kv_cache", "only_if_arg": "32768"})
+    try:
+        r, records, summary, rec = roll("-e", "deployer_max_model_len=32768")
+    finally:
+        sb.set_knobs("sbx2", standin={})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "deploy failed in stage 'watch'; rolled back to the last live release" in r.stdout + r.stderr
+    after = {h: current(h) for h in GPU}
+    assert after["sbx1"] != before["sbx1"]          # the roll went through sbx1,
+    assert after["sbx2"] == before["sbx2"]          # sbx2 failed and runs its last live release again,
+    assert after["sbx3"] == before["sbx3"]          # and the roll stopped before sbx3
+    check_clients(records, summary, rec)
+    assert lb_states() == {h: ["ready", 0] for h in GPU}   # the failed host serves again, re-enabled
+
+
+def test_a_deploy_that_would_leave_no_host_serving_is_refused_and_changes_nothing():
+    before = {h: current(h) for h in GPU}
+    r = deployer("up", "--sandbox", *FAST, "-e", "deployer_max_model_len=16384")   # all three at once
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "would leave no server ready in backend llm" in r.stdout + r.stderr
+    assert {h: current(h) for h in GPU} == before
+    assert lb_states() == {h: ["ready", 0] for h in GPU}
+
+
+def test_status_shows_each_hosts_state_in_the_balancer():
+    r = deployer("status", "--sandbox", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert {h: (data[h]["balancer"] or {}).get("state") for h in GPU} == {h: "ready" for h in GPU}
+    assert all(data[h]["balancer"]["scur"] == 0 for h in GPU)
+    r = deployer("status", "--sandbox")
+    assert r.stdout.count("balancer: ready, 0 requests in flight") == 3, r.stdout
