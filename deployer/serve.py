@@ -49,15 +49,8 @@ def speculative_config(method: str, model: str, num_speculative_tokens: int, ext
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
-def build_serve_argv(spec: dict) -> list[str]:
-    """Validate ``spec`` and return the full argv, launcher first.
-
-    ``spec`` keys: launcher (list), model, served_model_name, host, port,
-    tensor_parallel_size, gpu_memory_utilization, max_model_len,
-    trust_remote_code, speculative ({method, model, num_speculative_tokens, extra}
-    or None/{} for no speculation), safetensors_load_strategy ("" = vLLM's default),
-    model_loader_extra_config (dict, {} = none), extra_args (list of str).
-    """
+def common_fields(spec: dict) -> tuple[list[str], str, int, int, str]:
+    """What every engine's argv needs, validated: launcher, model path, port, tensor-parallel size, served name."""
     launcher = spec.get("launcher") or []
     if isinstance(launcher, str) or not launcher or not all(isinstance(a, str) and a for a in launcher):
         raise ServeConfigError(f"launcher: got {launcher!r}, expected a non-empty list of strings")
@@ -70,15 +63,28 @@ def build_serve_argv(spec: dict) -> list[str]:
     tp = spec.get("tensor_parallel_size")
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ServeConfigError(f"tensor_parallel_size: got {tp!r}, expected an integer >= 1")
+    name = spec.get("served_model_name") or ""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}", name):
+        raise ServeConfigError(f"served_model_name: got {name!r}, expected 1-128 chars of [A-Za-z0-9._/:-]")
+    return list(launcher), model, port, tp, name
+
+
+def build_serve_argv(spec: dict) -> list[str]:
+    """Validate ``spec`` and return the full argv, launcher first.
+
+    ``spec`` keys: launcher (list), model, served_model_name, host, port,
+    tensor_parallel_size, gpu_memory_utilization, max_model_len,
+    trust_remote_code, speculative ({method, model, num_speculative_tokens, extra}
+    or None/{} for no speculation), safetensors_load_strategy ("" = vLLM's default),
+    model_loader_extra_config (dict, {} = none), extra_args (list of str).
+    """
+    launcher, model, port, tp, name = common_fields(spec)
     gmu = spec.get("gpu_memory_utilization")
     if not isinstance(gmu, (int, float)) or isinstance(gmu, bool) or not 0 < float(gmu) <= 1:
         raise ServeConfigError(f"gpu_memory_utilization: got {gmu!r}, expected a number in (0, 1]")
     mml = spec.get("max_model_len")
     if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml < 1):
         raise ServeConfigError(f"max_model_len: got {mml!r}, expected a positive integer or null")
-    name = spec.get("served_model_name") or ""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}", name):
-        raise ServeConfigError(f"served_model_name: got {name!r}, expected 1-128 chars of [A-Za-z0-9._/:-]")
     host = spec.get("host") or "0.0.0.0"
     strategy = spec.get("safetensors_load_strategy") or ""
     if strategy and strategy not in LOAD_STRATEGIES:

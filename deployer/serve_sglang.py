@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from deployer.serve import CREDENTIALS_TOKEN, ServeConfigError
+from deployer.serve import CREDENTIALS_TOKEN, ServeConfigError, common_fields
 
 # The API key is never on the command line (the process list is world-readable): SGLang has no environment
 # variable for it, so it goes in a YAML file SGLang merges with ``--config`` (srt/utils/server_args_config_parser.py),
@@ -101,17 +101,7 @@ def build_sglang_argv(spec: dict) -> list[str]:
     tool_call_parser, reasoning_parser ("" = none), language_model_only, secrets_file (a path or "" when there
     is no API key), extra_args.
     """
-    launcher = spec.get("launcher") or []
-    if isinstance(launcher, str) or not launcher or not all(isinstance(a, str) and a for a in launcher):
-        raise ServeConfigError(f"launcher: got {launcher!r}, expected a non-empty list of strings")
-    model = spec.get("model")
-    if not isinstance(model, str) or not model.startswith("/"):
-        raise ServeConfigError(f"model: got {model!r}, expected an absolute path on the host")
-    port = _pos_int(spec, "port", 1, 65535)
-    tp = _pos_int(spec, "tensor_parallel_size", 1, 64)
-    name = spec.get("served_model_name") or ""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}", name):
-        raise ServeConfigError(f"served_model_name: got {name!r}, expected 1-128 chars of [A-Za-z0-9._/:-]")
+    launcher, model, port, tp, name = common_fields(spec)
     ctx = spec.get("context_length")
     if ctx is not None:
         _pos_int(spec, "context_length")
@@ -141,7 +131,7 @@ def build_sglang_argv(spec: dict) -> list[str]:
         if "\n" in a or "\x00" in a or CREDENTIALS_TOKEN in a:
             raise ServeConfigError(f"sglang_extra_args: {a!r} contains a newline, NUL or {CREDENTIALS_TOKEN}")
 
-    argv = list(launcher) + ["serve", "--model-path", model, "--served-model-name", name,
+    argv = launcher + ["serve", "--model-path", model, "--served-model-name", name,
                              "--host", spec.get("host") or "0.0.0.0", "--port", str(port), "--tp-size", str(tp)]
     if ctx is not None:
         argv += ["--context-length", str(ctx)]

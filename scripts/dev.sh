@@ -52,33 +52,23 @@ py_deps() {
   "$VENV/bin/uv" pip install -q -p "$VENV/bin/python" -e ".[test]"
 }
 
-# The vLLM release the sandbox serves is installed once on this machine, from the index, so that
-# uv's cache holds it; sandbox hosts (no route to any index) install offline from that cache.
-prepare_vllm() {
-  local v=${1:-0.16.0}
-  local d=$CACHE/venvs/vllm-$v
+# The engine releases the sandbox serves (vLLM, and SGLang for backend sglang) are installed once on this
+# machine, from the index, so that uv's cache holds them; sandbox hosts (no route to any index) install offline
+# from that cache.  SGLang 0.5.23: ~1 min and ~10 GB (torch, CUDA libraries) the first time; its GPU-less checks
+# run this real SGLang.
+prepare_engine() {
+  local pkg=$1 v=$2
+  local d=$CACHE/venvs/$pkg-$v
   if [ ! -f "$d/.deployer-installed" ]; then
-    echo "setup: preparing vLLM $v (cached at $d; ~1 min the first time)"
+    echo "setup: preparing $pkg $v (cached at $d; ~1-8 min the first time)"
     rm -rf "$d"
     "$VENV/bin/uv" venv -q -p "$PY" "$d"
-    "$VENV/bin/uv" pip install -q -p "$d/bin/python" "vllm==$v"
+    "$VENV/bin/uv" pip install -q -p "$d/bin/python" "$pkg==$v"
     echo "$v" > "$d/.deployer-installed"
   fi
 }
-
-# The SGLang release the sandbox's SGLang backend installs (backend sglang), cached the same way: ~1 min and
-# ~10 GB of packages (torch, CUDA libraries) the first time; its GPU-less checks run this real SGLang.
-prepare_sglang() {
-  local v=${1:-0.5.23}
-  local d=$CACHE/venvs/sglang-$v
-  if [ ! -f "$d/.deployer-installed" ]; then
-    echo "setup: preparing SGLang $v (cached at $d; ~1-8 min the first time)"
-    rm -rf "$d"
-    "$VENV/bin/uv" venv -q -p "$PY" "$d"
-    "$VENV/bin/uv" pip install -q -p "$d/bin/python" "sglang==$v"
-    echo "$v" > "$d/.deployer-installed"
-  fi
-}
+prepare_vllm() { prepare_engine vllm "${1:-0.16.0}"; }
+prepare_sglang() { prepare_engine sglang "${1:-0.5.23}"; }
 
 # A Python with ansible-core and nothing else: proves plain `ansible-playbook` works without this package.
 prepare_plain_ansible() {

@@ -97,14 +97,9 @@ def die(exc_type, message):
     sys.exit(1)
 
 
-CRASHES = {
-    "weights": ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
-                "capacity of 95.59 GiB of which 1.02 GiB is free."),
-    "kv_cache": ("RuntimeError", "Not enough memory. Please try to increase --mem-fraction-static."),
-    "graphs": ("RuntimeError", "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
-    "drafter": ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 896.00 MiB."),
-    "api": ("RuntimeError", "NCCL error: remote process exited or there was a network error"),
-}
+# the engine-independent root causes are the vLLM stand-in's; SGLang's own words where they differ
+CRASHES = dict(base.CRASHES, kv_cache=("RuntimeError", "Not enough memory. Please try to increase "
+                                                       "--mem-fraction-static."))
 
 
 def bar(desc, total, seconds, stop_at=None):
