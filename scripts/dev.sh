@@ -89,7 +89,8 @@ case "${1:-}" in
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
     apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_sglang 0.5.23; prepare_plain_ansible
-    # two workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py)
-    exec "$VENV/bin/python" -m pytest -q -ra -n "${DEPLOYER_TEST_WORKERS:-2}" --dist loadfile "${@:2}" ;;
+    # three workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py); most of a
+    # sandbox test waits on loads and SSH, so three fit two cores; --durations says where the time goes
+    exec "$VENV/bin/python" -m pytest -q -ra --durations=25 -n "${DEPLOYER_TEST_WORKERS:-3}" --dist loadfile "${@:2}" ;;
   *) echo "usage: $0 setup|demo|test [pytest args]"; exit 2 ;;
 esac
