@@ -49,6 +49,19 @@ def speculative_config(method: str, model: str, num_speculative_tokens: int, ext
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
+def owned_by(flag: str, managed: tuple[str, ...]) -> str:
+    """The managed flag ``flag`` sets: itself, or the one it abbreviates.  argparse takes an unambiguous prefix as
+    the whole flag (vLLM's FlexibleArgumentParser and SGLang's parser keep allow_abbrev on): ``--max-model 1000``
+    IS ``--max-model-len 1000``, a second source for a flag the deployer owns.  "" when it sets none."""
+    if not flag:
+        return ""
+    if flag in managed:
+        return flag
+    if flag.startswith("--") and len(flag) > 4:
+        return next((m for m in managed if m.startswith(flag)), "")
+    return ""
+
+
 def common_fields(spec: dict) -> tuple[list[str], str, int, int, str]:
     """What every engine's argv needs, validated: launcher, model path, port, tensor-parallel size, served name."""
     launcher = spec.get("launcher") or []
@@ -102,10 +115,12 @@ def build_serve_argv(spec: dict) -> list[str]:
     if isinstance(extra, str) or not all(isinstance(a, str) for a in extra):
         raise ServeConfigError(f"extra_args: got {extra!r}, expected a list of strings (one argv word each)")
     for a in extra:
-        if _flag_name(a) in MANAGED_FLAGS:
+        owned = owned_by(_flag_name(a), MANAGED_FLAGS)
+        if owned:
             raise ServeConfigError(
-                f"extra_args: {_flag_name(a)} is set by the deployer from its own variable; "
-                "set that variable instead" + (" (the API key goes in the secret env file)" if "api-key" in a else ""))
+                f"extra_args: {_flag_name(a)} " + (f"abbreviates {owned}, which " if owned != _flag_name(a) else "")
+                + "is set by the deployer from its own variable; set that variable instead"
+                + (" (the API key goes in the secret env file)" if "api-key" in a else ""))
         if "\n" in a or "\x00" in a:
             raise ServeConfigError(f"extra_args: {a!r} contains a newline or NUL")
 

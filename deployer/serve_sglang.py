@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from deployer.serve import CREDENTIALS_TOKEN, ServeConfigError, common_fields
+from deployer.serve import CREDENTIALS_TOKEN, ServeConfigError, common_fields, owned_by
 
 # The API key is never on the command line (the process list is world-readable): SGLang has no environment
 # variable for it, so it goes in a YAML file SGLang merges with ``--config`` (srt/utils/server_args_config_parser.py),
@@ -122,10 +122,10 @@ def build_sglang_argv(spec: dict) -> list[str]:
         flag = a.split("=", 1)[0] if a.startswith("-") else ""
         # argparse takes an unambiguous prefix as the whole flag (allow_abbrev): --speculative-num-draft 8 IS
         # --speculative-num-draft-tokens 8, a second source for a managed flag
-        owned = [m for m in MANAGED_FLAGS if m == flag or (flag.startswith("--") and len(flag) > 4 and m.startswith(flag))]
+        owned = owned_by(flag, MANAGED_FLAGS)
         if owned:
             raise ServeConfigError(
-                f"sglang_extra_args: {flag} " + (f"abbreviates {owned[0]}, which " if owned[0] != flag else "")
+                f"sglang_extra_args: {flag} " + (f"abbreviates {owned}, which " if owned != flag else "")
                 + "is set by the deployer from its own variable; set that variable instead"
                 + (" (the API key goes in the secret file)" if "api-key" in a else ""))
         if "\n" in a or "\x00" in a or CREDENTIALS_TOKEN in a:

@@ -47,6 +47,9 @@ def test_no_speculation():
     ("served_model_name", "bad name", "served_model_name"),
     ("extra_args", "--foo bar", "expected a list of strings"),
     ("extra_args", ["--port", "9000"], "--port is set by the deployer"),
+    # vLLM's parser keeps argparse's allow_abbrev: --max-model 1000 would BE --max-model-len 1000
+    ("extra_args", ["--max-model", "1000"], "--max-model abbreviates --max-model-len, which is set by the deployer"),
+    ("extra_args", ["--speculative_conf={}"], "--speculative-conf abbreviates --speculative-config"),
     ("extra_args", ["--api-key=abc"], "secret env file"),
     ("speculative", {"method": "eagle", "model": "/d", "num_speculative_tokens": 3}, "speculative method"),
     ("speculative", {"method": "eagle3", "model": "/d", "num_speculative_tokens": 0}, "num_speculative_tokens"),
