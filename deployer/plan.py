@@ -193,15 +193,18 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     }
 
 
+def _common_spec(s: dict, venv: str, program: str) -> dict:
+    """The argv fields both engines take from the same settings (serve.common_fields validates them)."""
+    launcher = s.get("launcher") or [f"{venv}/bin/{program}"]
+    return {"launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
+            "model": s.get("model_dir"), "served_model_name": s.get("served_model_name"),
+            "host": s.get("host", "0.0.0.0"), "port": s.get("port"),
+            "tensor_parallel_size": s.get("tensor_parallel_size")}
+
+
 def _vllm_argv(s: dict, venv: str, drafter: dict | None) -> list[str]:
-    launcher = s.get("launcher") or [f"{venv}/bin/vllm"]
     return serve.build_serve_argv({
-        "launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
-        "model": s.get("model_dir"),
-        "served_model_name": s.get("served_model_name"),
-        "host": s.get("host", "0.0.0.0"),
-        "port": s.get("port"),
-        "tensor_parallel_size": s.get("tensor_parallel_size"),
+        **_common_spec(s, venv, "vllm"),
         "gpu_memory_utilization": s.get("gpu_memory_utilization"),
         "max_model_len": s.get("max_model_len") or None,
         "trust_remote_code": bool(s.get("trust_remote_code", True)),
@@ -215,14 +218,8 @@ def _vllm_argv(s: dict, venv: str, drafter: dict | None) -> list[str]:
 
 
 def _sglang_argv(s: dict, venv: str, drafter: dict | None, with_secrets: bool) -> list[str]:
-    launcher = s.get("launcher") or [f"{venv}/bin/sglang"]
     return serve_sglang.build_sglang_argv({
-        "launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
-        "model": s.get("model_dir"),
-        "served_model_name": s.get("served_model_name"),
-        "host": s.get("host", "0.0.0.0"),
-        "port": s.get("port"),
-        "tensor_parallel_size": s.get("tensor_parallel_size"),
+        **_common_spec(s, venv, "sglang"),
         "context_length": s.get("max_model_len") or None,
         "trust_remote_code": bool(s.get("trust_remote_code", True)),
         "speculative": ({"model": drafter["dir"], "num_steps": s.get("num_speculative_tokens", 3),
