@@ -28,6 +28,9 @@ def free_port():
         return s.getsockname()[1]
 
 
+RELEASE = threading.Event()     # a /slow request is held until the test lets it finish (timing-free)
+
+
 def backend_server(name):
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -35,7 +38,7 @@ def backend_server(name):
 
         def do_GET(self):
             if self.path == "/slow":
-                time.sleep(2.5)
+                RELEASE.wait(60)
             body = name.encode()
             self.send_response(200)
             self.send_header("content-length", str(len(body)))
@@ -96,15 +99,33 @@ def get(port, path="/"):
 
 def test_drain_waits_for_in_flight_requests_refuses_the_last_server_and_puts_it_back(haproxy):
     port, sock = haproxy
-    # find a slow request's server, then drain exactly that one while the request is in flight
+    # find a slow request's server, then drain exactly that one while the request is in flight. The request is
+    # held by the backend until the server shows DRAIN in HAProxy plus 1.5 s, so the module must have waited for it
+    # however slowly ansible starts on a loaded machine (a fixed sleep here once lost that race in CI).
+    RELEASE.clear()
     slow = {}
     t = threading.Thread(target=lambda: slow.update(zip(("by", "body"), get(port, "/slow"), strict=True)))
     t.start()
-    time.sleep(0.5)
-    busy = [n for n, r in hr.servers(sock, "llm").items() if r["scur"] > 0]
+    busy = []
+    for _ in range(100):
+        busy = [n for n, r in hr.servers(sock, "llm").items() if r["scur"] > 0]
+        if busy:
+            break
+        time.sleep(0.1)
     assert len(busy) == 1, hr.servers(sock, "llm")
     other = ({"s1", "s2"} - set(busy)).pop()
+
+    def release_once_draining():
+        for _ in range(600):
+            if hr.state_word(hr.servers(sock, "llm")[busy[0]]["status"]) == "drain":
+                time.sleep(1.5)
+                break
+            time.sleep(0.1)
+        RELEASE.set()
+    releaser = threading.Thread(target=release_once_draining)
+    releaser.start()
     res, out = module(sock, server=busy[0], state="drain", wait_idle_seconds=30)
+    releaser.join()
     t.join()
     assert res["changed"] and res["before"] == "ready" and res["after"] == "drain", out
     assert res["in_flight_left"] == 0 and res["waited_seconds"] >= 1.0, out   # it waited for the request
