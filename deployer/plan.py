@@ -16,7 +16,8 @@ credentials         files systemd hands the service (LoadCredential=): {name: re
                     API key lives there (it has no environment variable for it, and argv is world-readable)
 service, unit_path  systemd unit name and path
 user                the unprivileged system user the server runs as (never root)
-unit                what the unit needs beyond argv/env: user, writable paths, device allow-list (docs/hardening.md)
+unit                what the unit needs beyond argv/env: user, writable paths, device allow-list (docs/hardening.md),
+                    the log-line wrapper's path (None: the engine is the main process)
 api_protected       clients must send the API key (or the server listens on loopback only)
 port                serving port (loopback checks use it)
 served_model_name   the ``model`` clients send
@@ -46,10 +47,23 @@ from deployer import serve, serve_sglang
 BACKENDS = ("vllm", "sglang")
 ENGINES = {"vllm": {"label": "vLLM", "package": "vllm"}, "sglang": {"label": "SGLang", "package": "sglang"}}
 SECRET_KEYS = ("api_key", "hf_token")
-# The unit and env-file templates are part of what names a release: a changed template is a new release
-# (never the same id with different files), and a release's recorded unit is the one it was verified with.
-_TEMPLATES = [Path(__file__).resolve().parent.parent / "templates" / n
-              for n in ("vllm.service.j2", "vllm.env.j2", "sglang-secrets.yaml.j2")]
+# The unit and env-file templates (and the log-line wrapper the unit runs) are part of what names a release: a
+# changed template is a new release (never the same id with different files), and a release's recorded unit is
+# the one it was verified with.
+_REPO = Path(__file__).resolve().parent.parent
+_TEMPLATES = [_REPO / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2", "sglang-secrets.yaml.j2")] + [
+    _REPO / "roles" / "render" / "files" / "journal_lines.py"]
+_LINE_SPLITTER = _REPO / "roles" / "render" / "files" / "journal_lines.py"
+
+
+def line_splitter_sha256() -> str:
+    return hashlib.sha256(_LINE_SPLITTER.read_bytes()).hexdigest()
+
+
+def line_splitter_path(bin_dir: str) -> str:
+    """Where the unit's log-line wrapper lives on the host: named by its content (root's bin/, readable by the
+    service user), so every release keeps running the exact wrapper it was rendered with."""
+    return f"{bin_dir}/journal_lines-{line_splitter_sha256()[:12]}.py"
 
 
 def templates_hash() -> str:
@@ -174,6 +188,9 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         env[k] = str(v)
     secrets_hash = hashlib.sha256("\0".join(str(s.get(k) or "") for k in SECRET_KEYS).encode()).hexdigest()
     restart_delay = int(s.get("restart_delay_seconds", 30))
+    line_splitter = s.get("log_line_splitter", True)
+    if not isinstance(line_splitter, bool):
+        raise PlanError(f"log_line_splitter: got {line_splitter!r}, expected true or false")
 
     return {
         "backend": backend, "engine": dict(ENGINES[backend], name=backend, version=version),
@@ -181,7 +198,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "credentials": credentials,
         "patch_state": "present" if patched else "absent",
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,
-        "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": devices},
+        "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": devices,
+                 "line_splitter": line_splitter_path(dirs["bin"]) if line_splitter else None},
         "api_protected": api_protected,
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
@@ -189,7 +207,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "release_inputs": {"argv": argv, "engine": backend, "version": version,
                            "drafter": drafter["tree_sha256"] if drafter else None,
                            "env": env, "secrets": secrets_hash, "restart_delay": restart_delay,
-                           "user": user, "writable": writable, "devices": devices, "templates": templates_hash()},
+                           "user": user, "writable": writable, "devices": devices, "templates": templates_hash(),
+                           "line_splitter": line_splitter_path(dirs["bin"]) if line_splitter else None},
     }
 
 
@@ -282,6 +301,9 @@ def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, en
         reasons.append("the unit systemd runs differs from the planned one")
     if not env_sha256 or probe.get("live_env_sha256") != env_sha256:
         reasons.append("the live environment file differs from the planned one")
+    wrapper = (the_plan.get("unit") or {}).get("line_splitter")
+    if wrapper and (probe.get("files_sha256") or {}).get(wrapper) != line_splitter_sha256():
+        reasons.append(f"the log-line wrapper {wrapper} is missing or differs from the planned one")
     if (unit.get("ActiveState"), unit.get("SubState"), unit.get("NeedDaemonReload")) != ("active", "running", "no"):
         reasons.append("the server is {}/{}{}".format(unit.get("ActiveState"), unit.get("SubState"),
                                                      " (unit changed on disk)" if unit.get("NeedDaemonReload") == "yes"

@@ -22,8 +22,12 @@ def manifest(rel="current"):
     return json.loads(sh(H, f"cat /opt/deployer/{rel}/release.json"))
 
 
-def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself():
-    r = up(*SG)
+def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself(sandbox):
+    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 6}})
+    try:
+        r = up(*SG)
+    finally:
+        sandbox.set_knobs(H, standin={})
     assert r.returncode == 0, r.stdout + r.stderr
     m = manifest()
     assert m["backend"] == "sglang" and m["engine_version"] == "0.5.23" and m["venv"] == SG_VENV
@@ -57,6 +61,13 @@ def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself():
     # the load phases came from SGLang's log lines
     assert {"weights", "kv_cache", "graphs", "api"} <= set(m["phase_seconds"])
     assert sh(H, "systemctl show -p ActiveState --value " + SVC) == "active"
+    # SGLang's shard bar redraws with \r only: under journal_lines.py each redraw is its own journal entry, written
+    # as it happens (spread over the 6 s of the load), not one entry when the bar closes (issue #11 point 1)
+    stamps = [float(x.split()[0]) for x in sh(H, (
+        f"journalctl _SYSTEMD_INVOCATION_ID=$(systemctl show -p InvocationID --value {SVC}) -o short-unix "
+        "--no-pager --all | grep 'Loading safetensors checkpoint shards: *[0-9]*% Completed | [0-9]*/64' || true"
+    )).splitlines()]
+    assert len(stamps) >= 10 and max(stamps) - min(stamps) >= 3.0, stamps
 
 
 def test_02_vllm_sglang_vllm_by_up_and_rollback():

@@ -61,9 +61,11 @@ def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
     assert sh(H, "readlink /opt/deployer/current") == live
 
 
-def test_live_shard_progress_through_real_journald(sandbox):
-    """vLLM's shard bar (a newline after every redraw) reaches the watch live through journald."""
-    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8}})
+def test_live_shard_and_graph_progress_through_real_journald(sandbox):
+    """vLLM's shard bar (a newline after every redraw) reaches the watch live through journald; so do its
+    CUDA-graph bars, which redraw with \r only: the unit runs the engine under journal_lines.py, which makes each
+    redraw a journal line (without it the graph phase showed no percentage until the bar closed)."""
+    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8, "graphs": 6}})
     try:
         r = up("-e", "deployer_max_model_len=16384", "--json")
     finally:
@@ -73,7 +75,14 @@ def test_live_shard_progress_through_real_journald(sandbox):
     pcts = sorted({e["percent"] for e in events if e["event"] == "phase" and e["phase"] == "weights"
                    and e["percent"] is not None})
     assert len([p for p in pcts if 0 < p < 100]) >= 3, pcts
+    graphs = sorted({e["percent"] for e in events if e["event"] == "phase" and e["phase"] == "graphs"
+                     and e["percent"] is not None})
+    assert len([p for p in graphs if 0 < p < 100]) >= 3, graphs
     # every redraw is its own journal entry, as vLLM's _BAR_FORMAT makes it
     n = int(sh(H, "journalctl -u deployer-vllm --no-pager -o cat --all | grep -c 'Loading safetensors checkpoint "
                   "shards: .* Completed | [0-9]*/64' || true"))
     assert n >= 64, n
+    # the \r-only graph bar too, once split by the wrapper; the wrapper passes the engine's pid-less lines on
+    g = int(sh(H, "journalctl -u deployer-vllm --no-pager -o cat --all | grep -c '^Capturing CUDA graphs' || true"))
+    assert g >= 10, g
+    assert "journal_lines-" in sh(H, "systemctl show -p ExecStart --value deployer-vllm")

@@ -65,6 +65,17 @@ def test_patched_venv_is_named_by_the_patch_engine(monkeypatch):
     assert make_plan(settings(patch_enabled=False), DRAFTER)["venv"] == "/opt/deployer/venvs/vllm-0.16.0"
 
 
+def test_the_log_line_wrapper_is_named_by_its_content_and_part_of_the_release():
+    import hashlib
+    on, off = make_plan(settings(), DRAFTER), make_plan(settings(log_line_splitter=False), DRAFTER)
+    sha = hashlib.sha256(planmod._LINE_SPLITTER.read_bytes()).hexdigest()
+    assert on["unit"]["line_splitter"] == f"/opt/deployer/bin/journal_lines-{sha[:12]}.py"
+    assert off["unit"]["line_splitter"] is None
+    assert planmod.release_id(on, "fp") != planmod.release_id(off, "fp")
+    with pytest.raises(planmod.PlanError, match="log_line_splitter: got 'no', expected true or false"):
+        make_plan(settings(log_line_splitter="no"), DRAFTER)
+
+
 def test_patch_engine_id_follows_the_engine_source():
     import hashlib
     src = planmod._PATCH_ENGINE.read_bytes()
@@ -80,6 +91,7 @@ def _live(**over):
     state = {"lock": None, "current": exp["id"], "unit_sha256": "u", "probe": {
         "venv": {"installed": True, "state": "patched", "fingerprint": "fp1", "patches": ["P1"]},
         "drafter_complete": True, "live_env_sha256": "e", "live_unit_sha256": "u", "health": 200,
+        "files_sha256": {p["unit"]["line_splitter"]: planmod.line_splitter_sha256()},
         "unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "no"}}}
     for k, v in over.items():
         (state["probe"] if k in state["probe"] else state)[k] = v
@@ -101,6 +113,8 @@ def test_noop_when_everything_matches():
     ({"unit_sha256": "tampered"}, "u", "e", "the unit systemd runs differs"),
     ({}, "u", "e2", "the live environment file differs"),
     ({"health": 503}, "u", "e", "/health answered 503"),
+    ({"files_sha256": {}}, "u", "e", "the log-line wrapper /opt/deployer/bin/journal_lines-"),
+    ({"files_sha256": {"x": None}}, "u", "e", "is missing or differs from the planned one"),
     ({"unit": {"ActiveState": "activating", "SubState": "auto-restart", "NeedDaemonReload": "no"}}, "u", "e",
      "the server is activating/auto-restart"),
     ({"unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "yes"}}, "u", "e",

@@ -250,11 +250,12 @@ def _venv_state(venv):
     return out
 
 
-def probe(root, service, venv, drafter_dir, port, live=False):
+def probe(root, service, venv, drafter_dir, port, live=False, files=None):
     """What a no-op ``up`` must know, in the same round trip: the venv the plan names (installed? patch
     state and fingerprint), the drafter (complete?), the live release's env file and unit checksums, the
-    NVIDIA device classes (part of the unit), systemd's view of the server and its /health.  With ``live``
-    (``deployer status``) also its /metrics text and the GPU memory in use."""
+    checksums of other ``files`` the live unit runs (the log-line wrapper), the NVIDIA device classes (part of
+    the unit), systemd's view of the server and its /health.  With ``live`` (``deployer status``) also its
+    /metrics text and the GPU memory in use."""
     cur = os.path.join(root, "current")
     extra = {}
     if live:
@@ -263,6 +264,7 @@ def probe(root, service, venv, drafter_dir, port, live=False):
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
             "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
+            "files_sha256": dict((f, _sha256_file(f)) for f in files or []),
             "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": http_health(port)})
 
 

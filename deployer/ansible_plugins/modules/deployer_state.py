@@ -32,7 +32,8 @@ options:
   probe:
     description:
       - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
-        and port (keys C(venv), C(drafter_dir), C(port)); with key C(live) true also the server's
+        and port (keys C(venv), C(drafter_dir), C(port)); key C(files), a list of paths, adds their
+        sha256 (C(files_sha256), null for a missing file); with key C(live) true also the server's
         C(metrics) text and C(gpu_memory_used_mib).
     type: dict
 attributes:
@@ -120,7 +121,8 @@ def main():
         live = bool(q.get("live"))
         # status asks the live release's own port; the no-op check the planned one
         port = ((out.get("live") or {}).get("port") if live else None) or q.get("port")
-        out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), port, live)
+        out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), port, live,
+                             [f for f in q.get("files") or [] if f])
     m.exit_json(changed=False, **out)
 
 
