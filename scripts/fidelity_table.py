@@ -16,6 +16,8 @@ RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (p
         "compile_total": "compile (fact compile_seconds)", "kv_mem": "kv (phase)", "kv_size": "kv (fact kv_cache_tokens)",
         "max_conc": "-", "graphs_desc": "graphs (progress)", "graphs_done": "graphs_done", "engine": "engine (phase api)",
         "engine_failed": "FATAL engine_dead (generic)", "init_failed": "FATAL engine_dead (generic)",
+        "worker_died": "FATAL engine_dead (generic; status: last fatal)",
+        "core_died": "FATAL engine_dead (generic; status: last fatal)",
         "api": "api (phase)", "bar_format": "shards (progress)", "shards_desc": "shards (progress)"}
 
 

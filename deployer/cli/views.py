@@ -1,7 +1,8 @@
-"""Read-only views of hosts: releases, status, logs."""
+"""Views of hosts: releases, status (which can roll crash-looping hosts back when asked), logs."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Annotated
@@ -83,12 +84,21 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
 
 def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
            inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
-           extra: Extra = None, as_json: Json = False):
-    """Live release, health, uptime, GPU memory in use, live EAGLE-3 acceptance.  Exit 1 when not healthy."""
-    data = read_hosts(Target(host, port, user, key, inventory, sandbox, limit), extra, live=True)
-    bad = any(st.get("health") != 200 for st in data.values())
+           extra: Extra = None, as_json: Json = False,
+           rollback_if_crash_looping: Annotated[bool, typer.Option(
+               "--rollback-if-crash-looping",
+               help="Roll back every host whose server systemd keeps restarting (deployer_crash_loop_restarts).")]
+           = False):
+    """Live release, health, uptime, GPU memory in use, live EAGLE-3 acceptance, a crash loop and its last fatal
+    line.  Exit 1 when not healthy (with --rollback-if-crash-looping: the rollback's exit code when one ran)."""
+    t = Target(host, port, user, key, inventory, sandbox, limit)
+    data = read_hosts(t, extra, live=True)
+    bad = any(st.get("health") != 200 or st.get("crash_loop") for st in data.values())
+    looping = sorted(h for h, st in data.items() if st.get("crash_loop") and st.get("previous"))
     if as_json:
         sys.stdout.write(json.dumps(data, default=str) + "\n")
+        if rollback_if_crash_looping and looping:
+            _rollback_crash_loops(t, looping, extra, as_json)
         raise typer.Exit(int(Exit.FAILED) if bad else 0)
     for h, st in sorted(data.items()):
         unit = st.get("unit") or {}
@@ -97,6 +107,15 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
         out.print(f"[bold]{h}[/]: release {st.get('current') or '-'} (previous {st.get('previous') or '-'}); "
                   f"unit {unit.get('ActiveState', '?')} since {unit.get('ActiveEnterTimestamp') or '-'}, "
                   f"restarts {unit.get('NRestarts', '?')}; health {st.get('health')}")
+        fatal = st.get("last_fatal") or {}
+        if st.get("crash_loop"):
+            out.print(f"  [red]CRASH LOOP[/]: systemd restarted the server {unit.get('NRestarts')} times "
+                      f"(limit {st.get('crash_loop_restarts')})"
+                      + (f"; last fatal ({fatal.get('kind')}): {fatal.get('line')}" if fatal else "; no fatal line logged")
+                      + (f"; roll back to {st['previous']}: deployer rollback (or status --rollback-if-crash-looping)"
+                         if st.get("previous") else "; no previous release to roll back to"))
+        elif fatal and int(unit.get("NRestarts") or 0):
+            out.print(f"  last fatal ({fatal.get('kind')}, {fatal.get('runs_ago')} run(s) ago): {fatal.get('line')}")
         live = next((r for r in st.get("releases", []) if r["id"] == st.get("current")), {})
         down = (live.get("downtime") or {}).get("seconds")
         api = live.get("api_protected")
@@ -113,7 +132,21 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
         if lb:
             out.print(f"  balancer: {lb.get('state')}, {lb.get('scur')} requests in flight"
                       + (f" ({lb['error']})" if lb.get("error") else ""))
+    if rollback_if_crash_looping and looping:
+        _rollback_crash_loops(t, looping, extra, as_json)
     raise typer.Exit(int(Exit.FAILED) if bad else 0)
+
+
+def _rollback_crash_loops(t: Target, hosts: list[str], extra, as_json: bool):
+    """Roll the crash-looping ``hosts`` back to their previous release (the rollback playbook, limited to them);
+    exits with the rollback's code."""
+    from deployer.cli.deploy import Display
+    if not as_json:
+        out.print(f"rolling back (crash loop): {', '.join(hosts)}")
+    ev = parse_extra(extra or [])
+    ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": ""})
+    res = runner.run("rollback.yml", t.inventory_path(), ev, limit=",".join(hosts), on_event=Display(as_json))
+    raise typer.Exit(report(res, as_json, "rollback"))
 
 
 def logs(follow: Annotated[bool, typer.Option("-f", "--follow")] = False,

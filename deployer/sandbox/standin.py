@@ -79,6 +79,8 @@ MESSAGES = {
     "engine": ("v1/engine/core.py", ("init engine (profile",)),
     "engine_failed": ("v1/engine/core.py", ("EngineCore failed to start",)),
     "init_failed": ("v1/engine/utils.py", ("Engine core initialization failed",)),
+    "worker_died": ("v1/executor/multiproc_executor.py", ("died unexpectedly, shutting down executor",)),
+    "core_died": ("v1/engine/core_client.py", ("died unexpectedly, shutting down client",)),
     "api": ("entrypoints/openai/api_server.py", ("Starting vLLM API server", "Starting vLLM server on")),
     "bar_format": ("model_executor/model_loader/weight_utils.py", ("% Completed |",)),
     "shards_desc": ("model_executor/model_loader/weight_utils.py", ("Loading safetensors checkpoint shards",)),
@@ -99,6 +101,8 @@ FALLBACK = {
     "engine": "init engine (profile, create kv cache, warmup model) took %.2f seconds",
     "engine_failed": "EngineCore failed to start.",
     "init_failed": "Engine core initialization failed. See root cause above. Failed core proc(s): ",
+    "worker_died": "Worker proc %s died unexpectedly, shutting down executor.",
+    "core_died": "Engine core proc %s died unexpectedly, shutting down client.",
     "api": "Starting vLLM API server %d on %s",
     "bar_format": "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]\n",
     "shards_desc": "Loading safetensors checkpoint shards",
@@ -623,7 +627,11 @@ def main(argv):
     api.flush()
     mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
-        threading.Timer(float(k["crash_after_ready_seconds"]), lambda: os._exit(1)).start()
+        def die():   # a worker dies while serving (an Xid, a segfault): vLLM's two monitor lines, then the exit
+            log("worker_died", "VllmWorker-3", who="EngineCore_DP0", level="ERROR")
+            log("core_died", "EngineCore_DP0", who="APIServer", level="ERROR")
+            os._exit(1)
+        threading.Timer(float(k["crash_after_ready_seconds"]), die).start()
     if k.get("unhealthy_after_ready_seconds") is not None:
         threading.Timer(float(k["unhealthy_after_ready_seconds"]), lambda: ENGINE.update(dead=True)).start()
     if k.get("hang_after_ready_seconds") is not None:

@@ -93,20 +93,40 @@ def test_speculative_disabled_serves_without_a_drafter():
                                      "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'")
 
 
-def test_a_crash_after_ready_is_restarted_by_systemd_and_status_says_so():
-    """The load passed; later the server dies: systemd restarts it (Restart=on-failure) and `status` shows restarts."""
+def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rolled_back_when_asked():
+    """The load passed; later the server dies while serving, again after every restart.  systemd restarts it
+    (Restart=on-failure); `status` counts the restarts, calls it a CRASH LOOP at deployer_crash_loop_restarts,
+    shows vLLM's own last fatal line (the journal, across restarts), and `status --rollback-if-crash-looping`
+    returns the host to the previous release, which serves.  Guards: the crash loop flag, the last fatal line
+    from the journal, and the rollback it triggers."""
     from sandbox_helpers import deployer
-    knobs(only_if_arg="0.851", crash_after_ready_seconds=6)
+    live = sh(H, "readlink /opt/deployer/current")
+    knobs(only_if_arg="0.851", crash_after_ready_seconds=4)
     try:
         r = up("-e", "deployer_gpu_memory_utilization=0.851", "-e", "deployer_restart_delay_seconds=1", *FAST)
-        assert r.returncode == 0, r.stdout + r.stderr                 # smoke passed before the crash
-        for _ in range(90):
-            if int(sh(H, f"systemctl show -p NRestarts --value {SVC}") or 0) >= 1:
+        assert r.returncode == 0, r.stdout + r.stderr                 # smoke passed before the first crash
+        looping = sh(H, "readlink /opt/deployer/current")
+        for _ in range(180):
+            if int(sh(H, f"systemctl show -p NRestarts --value {SVC}") or 0) >= 2:
                 break
             __import__("time").sleep(1)
-        r = deployer("status", "--sandbox", "--json")
+        loop = ("-e", "deployer_crash_loop_restarts=2")
+        r = deployer("status", "--sandbox", "--json", *loop)
         st = json.loads(r.stdout)[H]
-        assert int(st["unit"]["NRestarts"]) >= 1, st
+        assert r.returncode == 1 and int(st["unit"]["NRestarts"]) >= 2 and st["crash_loop"] is True, st
+        assert st["last_fatal"]["line"] == "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.", st
+        r = deployer("status", "--sandbox", *loop)
+        text = flat(r.stdout)
+        assert "CRASH LOOP: systemd restarted the server" in text and "(limit 2)" in text, text
+        assert "last fatal (engine_dead): Worker proc VllmWorker-3 died unexpectedly" in text, text
+        assert f"roll back to {live}" in text, text
+        # asked to, status rolls the crash-looping host back; the previous release serves
+        r = deployer("status", "--sandbox", "--rollback-if-crash-looping", *loop)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "rolling back (crash loop): sbx1" in flat(r.stdout), r.stdout
+        assert sh(H, "readlink /opt/deployer/current") == live != looping and health() == "200"
+        r = deployer("status", "--sandbox", "--json", *loop)
+        assert r.returncode == 0 and json.loads(r.stdout)[H]["crash_loop"] is False, r.stdout
     finally:
         knobs()
     assert up(*FAST).returncode == 0 and health() == "200"           # back to the default release

@@ -145,3 +145,43 @@ def test_tracebacks_after_ready_are_not_fatal():
                           "Per-position acceptance rate: 0.365, 0.214, Avg Draft acceptance rate: 15.0%"])
     assert st.phase == "ready" and st.fatal is None
     assert st.facts["log_acceptance_rate"] == 0.15 and st.facts["log_mean_acceptance_length"] == 2.05
+
+
+# ------------------------------------------------------------------ the last fatal line (status, crash loops)
+def test_root_cause_reads_past_ready_and_prefers_the_specific_kind():
+    from deployer.ansible_plugins.module_utils.vllm_logs import root_cause
+    serving_then_dying = [
+        "(APIServer pid=9) INFO 11-30 12:00:00 [launcher.py:46] Application startup complete.",
+        "(EngineCore_DP0 pid=7) ERROR 11-30 12:00:06 [multiproc_executor.py:247] Worker proc VllmWorker-3 died "
+        "unexpectedly, shutting down executor.",
+        "(APIServer pid=9) ERROR 11-30 12:00:06 [core_client.py:616] Engine core proc EngineCore_DP0 died "
+        "unexpectedly, shutting down client."]
+    assert root_cause(serving_then_dying) == (
+        "engine_dead", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.")
+    oom_after_generic = ["ERROR [core.py:1] EngineCore failed to start.", "Traceback (most recent call last):",
+                         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    assert root_cause(oom_after_generic)[0] == "cuda_oom"
+    assert root_cause(["INFO all good", "Loading weights took 1.00 seconds"]) is None
+
+
+def test_last_fatal_is_the_newest_run_that_logged_one(monkeypatch):
+    """Grouped by systemd invocation: the run now is still loading (no fatal), the one before died."""
+    import json as _json
+    import subprocess as sp
+
+    from deployer.ansible_plugins.module_utils import releases as rel
+
+    def entry(inv, msg, t):
+        return _json.dumps({"MESSAGE": msg, "_SYSTEMD_INVOCATION_ID": inv, "__REALTIME_TIMESTAMP": str(t)})
+    lines = [entry("a", "torch.OutOfMemoryError: CUDA out of memory.", 1_000_000),
+             entry("b", "Application startup complete.", 2_000_000),
+             entry("b", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.", 3_500_000),
+             entry("c", "Starting to load model /srv/models/Kimi-K2.5...", 4_000_000),
+             _json.dumps({"MESSAGE": list(b"bytes \xff not utf-8"), "_SYSTEMD_INVOCATION_ID": "c",
+                          "__REALTIME_TIMESTAMP": "4100000"})]
+    monkeypatch.setattr(sp, "run", lambda *a, **k: sp.CompletedProcess(a, 0, ("\n".join(lines) + "\n").encode(), b""))
+    assert rel._last_fatal("deployer-vllm") == {
+        "kind": "engine_dead", "line": "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.",
+        "runs_ago": 1, "at": 3.5}
+    lines[:] = lines[3:]
+    assert rel._last_fatal("deployer-vllm") is None

@@ -172,6 +172,43 @@ def _unit_props(service):
     return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
 
 
+def _last_fatal(service, lines=600):
+    """The root cause of the newest run of the unit that logged one (module_utils vllm_logs.root_cause over each
+    systemd invocation of the journal's last ``lines``): {kind, line, runs_ago (0: the run now), at (epoch s)}."""
+    import subprocess
+    try:
+        from ansible.module_utils.vllm_logs import root_cause  # on the host
+    except ImportError:
+        from deployer.ansible_plugins.module_utils.vllm_logs import root_cause  # on the controller (tests)
+    try:
+        out = subprocess.run(["journalctl", "-u", service + ".service", "-n", str(lines), "-o", "json", "--all",
+                              "--no-pager", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    runs, order = {}, []
+    for raw in out.splitlines():
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            continue
+        msg = e.get("MESSAGE")
+        if isinstance(msg, list):          # journald gives non-UTF-8 messages as a list of byte values
+            msg = bytes(msg).decode("utf-8", "replace")
+        inv = e.get("_SYSTEMD_INVOCATION_ID") or ""
+        if inv not in runs:
+            runs[inv] = []
+            order.append(inv)
+        runs[inv].append((msg or "", e.get("__REALTIME_TIMESTAMP")))
+    for ago, inv in enumerate(reversed(order)):
+        found = root_cause([m for m, _t in runs[inv]])
+        if found:
+            at = next((t for m, t in reversed(runs[inv]) if found[1] in m), runs[inv][-1][1])
+            return {"kind": found[0], "line": found[1], "runs_ago": ago,
+                    "at": round(int(at) / 1e6, 3) if at else None}
+    return None
+
+
 def _http_get(port, path, limit=4 << 20):
     """(status, body) of a plain HTTP GET on the loopback port, or (None, "") when nothing answers."""
     import socket
@@ -259,7 +296,8 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None):
     cur = os.path.join(root, "current")
     extra = {}
     if live:
-        extra = {"metrics": _http_get(port, "/metrics")[1], "gpu_memory_used_mib": _gpu_memory_used_mib()}
+        extra = {"metrics": _http_get(port, "/metrics")[1], "gpu_memory_used_mib": _gpu_memory_used_mib(),
+                 "last_fatal": _last_fatal(service)}
     return dict(extra, **{"venv": _venv_state(venv) if venv else None,
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),

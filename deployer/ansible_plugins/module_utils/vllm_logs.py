@@ -57,7 +57,8 @@ FATAL = (
     ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
     ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|NCCL WARN .*(?:failed|error)", re.I)),
     ("engine_dead", re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError|"
-                               r"Scheduler hit an exception|Received sigquit from a child process")),
+                               r"Scheduler hit an exception|Received sigquit from a child process|"
+                               r"(?:Worker|Engine core) proc \S+ died unexpectedly")),
     ("validation", re.compile(r"pydantic_core\._pydantic_core\.ValidationError|ValidationError: \d+ validation error")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
@@ -67,6 +68,30 @@ WARN = (
     re.compile(r"setting cudagraph_mode=PIECEWISE"),
     re.compile(r"Using AttentionBackendEnum\.\w+ backend"),
 )
+
+
+def fold_fatal(found, line):
+    """One log line (prefix stripped) into the root cause so far: ``(found, matched)``.  ``found`` is
+    ``(kind, line)`` or None; a specific kind wins over a generic one whatever the order, and the exception line
+    that follows a generic one ("Traceback (...)", "EngineCore failed to start.") names the failure better."""
+    if found and found[0] in GENERIC_FATAL and _EXC_LINE.match(line) and not any(rx.search(line) for _k, rx in FATAL):
+        return ("traceback", line), True
+    for kind, rx in FATAL:
+        if rx.search(line):
+            if found is None or (found[0] in GENERIC_FATAL and kind not in GENERIC_FATAL):
+                return (kind, line), True
+            return found, True
+    return found, False
+
+
+def root_cause(lines):
+    """The failure one run of the server ended in, from its log lines (oldest first): ``(kind, line)`` or None.
+    Unlike the load watch this also reads lines logged after the server was ready (a crash while serving)."""
+    found = None
+    for raw in lines:
+        for line in split_lines(raw):
+            found = fold_fatal(found, strip_prefix(line))[0]
+    return found
 
 
 def split_lines(text):
@@ -120,19 +145,12 @@ class LoadState(object):
             # is the process's and /health's business from here on, not the log's.
             self._spec_line(line)
             return
-        if self.fatal and self.fatal[0] in GENERIC_FATAL and _EXC_LINE.match(line) \
-                and not any(rx.search(line) for _k, rx in FATAL):
-            # the exception line says more than "Traceback (...)" or "EngineCore failed to start."
-            self.fatal = ("traceback", line)
+        fatal, matched = fold_fatal(self.fatal, line)
+        if matched:
+            if self.fatal is None:
+                self.fatal_t = t
+            self.fatal = fatal
             return
-        for kind, rx in FATAL:
-            if rx.search(line):
-                if self.fatal is None:
-                    self.fatal = (kind, line)
-                    self.fatal_t = t
-                elif self.fatal[0] in GENERIC_FATAL and kind not in GENERIC_FATAL:
-                    self.fatal = (kind, line)
-                return
         for rx in WARN:
             if rx.search(line) and line not in self.warnings:
                 self.warnings.append(line)

@@ -98,7 +98,8 @@ probe:
   description:
     - venv (path, installed, state, fingerprint, patches, error), drafter_complete, live_env_sha256,
       live_unit_sha256, nvidia_devices, unit (ActiveState, SubState, NeedDaemonReload, NRestarts, MainPID),
-      health (HTTP status of /health, or null); metrics and gpu_memory_used_mib with live.
+      health (HTTP status of /health, or null); metrics, gpu_memory_used_mib and last_fatal (kind, line,
+      runs_ago, at; the newest root cause in the unit's journal, or null) with live.
   returned: when probe is given
   type: dict
 """
