@@ -1,4 +1,4 @@
-"""deployer sandbox start|stop|status: the embedded sandbox GPU hosts (deployer/sandbox/)."""
+"""deployer sandbox start|stop|status|reboot: the embedded sandbox GPU hosts (deployer/sandbox/)."""
 from __future__ import annotations
 
 import time
@@ -34,6 +34,18 @@ def stop(name: Annotated[Optional[list[str]], typer.Argument(help="Hosts to stop
     """Stop sandbox hosts and delete their state."""
     from deployer.sandbox import hosts as sb
     out.print("stopped: " + (", ".join(sb.stop(name or None)) or "nothing"))
+
+
+@app.command("reboot")
+def reboot(name: Annotated[str, typer.Argument(help="The host to reboot (e.g. sbx1).")],
+           hard: Annotated[bool, typer.Option("--hard", help="A power cut: kill the machine, stop nothing.")] = False):
+    """Reboot a sandbox host on its own disk (rehearse a reboot of the GPU box: the server must come back)."""
+    from deployer.sandbox import hosts as sb
+    try:
+        took = sb.reboot(name, hard=hard)
+    except sb.SandboxError as e:
+        die(Exit.FAILED, str(e))
+    out.print(f"{name} rebooted ({'power cut' if hard else 'orderly'}); ssh answers after {took:.1f} s")
 
 
 @app.command("status")

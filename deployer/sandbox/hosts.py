@@ -292,7 +292,7 @@ def start_host(i: int) -> Host:
     h.dir.mkdir(parents=True, exist_ok=True)
     if not (h.dir / "ssh_host_ed25519_key").exists():
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", h.dir / "ssh_host_ed25519_key")
-    merged = _prepare_upper(h, Path(f"{key}.pub").read_text())
+    _prepare_upper(h, Path(f"{key}.pub").read_text())
     _ensure_bridge()
     ns = _netns(h)
     _run("ip", "link", "del", ns, check=False)
@@ -303,18 +303,63 @@ def start_host(i: int) -> Host:
     _run("ip", "-n", ns, "addr", "add", f"{h.ip}/24", "dev", "eth0")
     _run("ip", "-n", ns, "link", "set", "eth0", "up")
     _run("ip", "-n", ns, "link", "set", "lo", "up")
-    d = h.dir
+    _boot(h)
+    return h
+
+
+def _boot(h: Host) -> None:
+    """Boot the host's container on its disk (the overlay's upper layer) in its network namespace."""
+    d, ns = h.dir, _netns(h)
     script = (
-        f"set -e; {tools.system('mount')} -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {merged}; "
+        f"set -e; {tools.system('mount')} -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {d}/merged; "
         f"exec {tools.system('systemd-nspawn')} --quiet --register=no --keep-unit --link-journal=no --console=passive "
-        f"-M {_machine(h)} -D {merged} --network-namespace-path=/run/netns/{ns} --bind-ro={shlex.quote(str(REPO))} --boot"
+        f"-M {_machine(h)} -D {d}/merged --network-namespace-path=/run/netns/{ns} --bind-ro={shlex.quote(str(REPO))} --boot"
     )
-    log = open(d / "console.log", "w")
+    log = open(d / "console.log", "a")
     p = subprocess.Popen([tools.system("unshare"), "--mount", "--propagation", "private", "--",
                           tools.system("bash"), "-c", script],
                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     (d / "launcher.pid").write_text(str(p.pid))
-    return h
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def reboot(name: str, hard: bool = False, timeout: float = 120.0) -> float:
+    """SANDBOX: reboot a host on its own disk, as an operator's reboot does (orderly: systemd stops every unit,
+    then the machine starts again) or as a power cut does (``hard``: the container is killed, nothing is stopped).
+    Everything on its disk stays (releases, venvs, the enabled unit); what lives in memory is gone.  Returns the
+    seconds until it answers SSH again."""
+    h = next((x for x in hosts_on_disk() if x.name == name), None)
+    if h is None or not is_running(h):
+        raise SandboxError(f"{name} is not a running sandbox host")
+    t0 = time.time()
+    launcher = int((h.dir / "launcher.pid").read_text())
+    if hard:
+        # kill the machine's init (nspawn's child): the kernel then kills every process of the container at once.
+        # Killing nspawn itself would leave the container running, orphaned.
+        for child in _children(launcher):
+            os.kill(child, signal.SIGKILL)
+    else:
+        os.kill(launcher, signal.SIGTERM)     # nspawn asks the machine's systemd to shut down in order
+    for _ in range(600):
+        if not is_running(h):
+            break
+        time.sleep(0.1)
+    else:
+        raise SandboxError(f"{name} did not stop within 60 s")
+    # the overlay was mounted in the launcher's private mount namespace: gone with it; its ssh masters too
+    for c in list(STATE.glob(f"cp-*@{h.name}:*")) + list(STATE.glob(f"cp-*@{h.ip}:*")):
+        c.unlink(missing_ok=True)
+    shutil.rmtree(STATE / "cp-ansible", ignore_errors=True)
+    (STATE / "cp-ansible").mkdir(exist_ok=True)
+    _boot(h)
+    wait_ssh(h, timeout)
+    return time.time() - t0
 
 
 def wait_ssh(h: Host, timeout: float = 60.0) -> None:
@@ -419,7 +464,9 @@ def _stop_host(h: Host) -> None:
                 if not is_running(h):
                     break
                 time.sleep(0.1)
-            else:
+            else:   # the machine's init first: a killed nspawn alone would leave the container running
+                for child in _children(pid):
+                    os.kill(child, signal.SIGKILL)
                 os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass

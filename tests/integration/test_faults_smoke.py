@@ -100,12 +100,12 @@ def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rol
     returns the host to the previous release, which serves.  Guards: the crash loop flag, the last fatal line
     from the journal, and the rollback it triggers."""
     from sandbox_helpers import deployer
-    live = sh(H, "readlink /opt/deployer/current")
+    live = sh(H, "basename $(readlink /opt/deployer/current)")
     knobs(only_if_arg="0.851", crash_after_ready_seconds=4)
     try:
         r = up("-e", "deployer_gpu_memory_utilization=0.851", "-e", "deployer_restart_delay_seconds=1", *FAST)
         assert r.returncode == 0, r.stdout + r.stderr                 # smoke passed before the first crash
-        looping = sh(H, "readlink /opt/deployer/current")
+        looping = sh(H, "basename $(readlink /opt/deployer/current)")
         for _ in range(180):
             if int(sh(H, f"systemctl show -p NRestarts --value {SVC}") or 0) >= 2:
                 break
@@ -124,7 +124,7 @@ def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rol
         r = deployer("status", "--sandbox", "--rollback-if-crash-looping", *loop)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "rolling back (crash loop): sbx1" in flat(r.stdout), r.stdout
-        assert sh(H, "readlink /opt/deployer/current") == live != looping and health() == "200"
+        assert sh(H, "basename $(readlink /opt/deployer/current)") == live != looping and health() == "200"
         r = deployer("status", "--sandbox", "--json", *loop)
         assert r.returncode == 0 and json.loads(r.stdout)[H]["crash_loop"] is False, r.stdout
     finally:
