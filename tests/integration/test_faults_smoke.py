@@ -100,6 +100,7 @@ def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rol
     returns the host to the previous release, which serves.  Guards: the crash loop flag, the last fatal line
     from the journal, and the rollback it triggers."""
     from sandbox_helpers import deployer
+    assert up(*FAST).returncode == 0                                 # the default release live (a no-op if it is)
     live = sh(H, "basename $(readlink /opt/deployer/current)")
     knobs(only_if_arg="0.851", crash_after_ready_seconds=4)
     try:

@@ -114,7 +114,55 @@ def test_04_disk_preflight_asks_only_for_what_is_missing():
     # a new vLLM version needs its venv: refused, naming each part of the sum
     r = up("--check", "-e", "deployer_vllm_version=0.18.0", "-e", "preflight_venv_disk_gib=100000")
     assert r.returncode == 3, r.stdout + r.stderr
-    assert "(venv 100000 GiB + drafter 0.0 GiB + margin 5 GiB)" in flat(r.stderr), r.stderr
+    assert "free disk on the filesystem of /opt/deployer/venvs and /opt/deployer/drafters: measured" in flat(r.stderr)
+    assert "bytes: venv 100000.0 GiB + margin 5.0 GiB)" in flat(r.stderr), r.stderr
+
+
+def test_04b_a_disk_that_fills_up_during_the_drafter_copy_gets_its_space_back(tmp_path):
+    """Issue #12, disk full.  The drafter store is a small filesystem of its own (a tmpfs over
+    /opt/deployer/drafters holding the live drafter).  Guards: the preflight measures THAT filesystem (the deploy
+    root's big disk does not hide its shortage); a copy that runs out of space anyway (the preflight counts bytes,
+    the filesystem allocates pages) fails naming the path and the bytes, removes its partial copy (space given
+    back) and touches nothing the live release uses."""
+    import os
+    import shutil
+
+    from deployer.sandbox import hosts as sb
+    src = tmp_path / "drafter"
+    shutil.copytree(sb.STATE / "drafter", src)
+    (src / "model.safetensors").write_bytes(os.urandom((1 << 20) + 100))   # another drafter, not page-aligned
+    need = sum(f.stat().st_size for f in src.iterdir())
+    new = ["-e", f"deployer_drafter_src_dir={src}", "-e", "preflight_disk_margin_gib=0", *FAST]
+    assert up(*FAST).returncode == 0
+    before = (sh(H, f"systemctl show -p InvocationID --value {SVC}"), sh(H, "readlink /opt/deployer/current"))
+    sh(H, "cp -a /opt/deployer/drafters /root/drafters.keep && mount -t tmpfs -o size=64m,mode=0755 tmpfs "
+          "/opt/deployer/drafters && cp -a /root/drafters.keep/. /opt/deployer/drafters/")
+
+    def used():
+        return int(sh(H, "df -B1 --output=used /opt/deployer/drafters | tail -1"))
+    try:
+        base = used()
+        # room for the new drafter's bytes rounded up to whole pages: enough for the byte count, one page short
+        sh(H, f"mount -o remount,size={base + -(-need // 4096) * 4096} /opt/deployer/drafters")
+        r = up(*new)
+        assert r.returncode == 1, r.stdout + r.stderr
+        err = flat(r.stderr)
+        assert (f"drafter: no space left on the filesystem of /opt/deployer/drafters while copying: the drafter "
+                f"needs {need} bytes") in err, err
+        assert "the partial copy /opt/deployer/drafters/.incoming-" in err and "was removed" in err, err
+        assert sh(H, "ls -A /opt/deployer/drafters | grep -c '^.incoming-' || true") == "0" and used() == base
+        # a store too small for the byte count is refused before anything is written, naming that filesystem
+        sh(H, f"mount -o remount,size={base + 4096} /opt/deployer/drafters")
+        r = up(*new)
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "free disk on the filesystem of /opt/deployer/drafters: measured 0.0 MiB (4096 bytes), expected >= " \
+               f"1.0 MiB ({need} bytes: drafter 1.0 MiB + margin 0.0 GiB)" in flat(r.stderr), r.stderr
+        # the live release never noticed
+        assert (sh(H, f"systemctl show -p InvocationID --value {SVC}"), sh(H, "readlink /opt/deployer/current")) \
+            == before
+        assert sh(H, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
+    finally:
+        sh(H, "umount -l /opt/deployer/drafters; rm -rf /root/drafters.keep", check=False)
 
 
 def test_05_unused_venvs_and_drafters_are_collected_with_the_releases():

@@ -43,6 +43,33 @@ def sm120_refusals(the_plan, gpus):
     return serve_sglang.sm120_refusals(the_plan["argv"], [g.get("compute_cap", "") for g in gpus or []])
 
 
+def disk_shortfalls(measured, needs, margin_gib=0):
+    """What does not fit, one message per filesystem.  ``measured``: lines ``<st_dev> <free KiB> <path>``, one per
+    item of ``needs`` (``{what, path, bytes}``: what will be written where), in the same order.  Needs on the same
+    filesystem add up; the margin is kept free on each filesystem written to."""
+    by_dev, order = {}, []
+    for line, need in zip(measured, needs):
+        dev, free_kib, _where = (str(line).split(None, 2) + ["", "", ""])[:3]
+        if dev not in by_dev:
+            by_dev[dev] = {"free": int(free_kib or 0) * 1024, "parts": [], "paths": []}
+            order.append(dev)
+        by_dev[dev]["parts"].append((need["what"], int(need["bytes"])))
+        by_dev[dev]["paths"].append(need["path"])
+    out, margin = [], int(float(margin_gib) * (1 << 30))
+    for dev in order:
+        fs = by_dev[dev]
+        wanted = sum(b for _w, b in fs["parts"])
+        if wanted and fs["free"] < wanted + margin:
+            parts = " + ".join(f"{w} {_gib(b)}" for w, b in fs["parts"] if b) + f" + margin {_gib(margin)}"
+            out.append(f"free disk on the filesystem of {' and '.join(fs['paths'])}: measured {_gib(fs['free'])} "
+                       f"({fs['free']} bytes), expected >= {_gib(wanted + margin)} ({wanted + margin} bytes: {parts})")
+    return out
+
+
+def _gib(n):
+    return f"{n / (1 << 30):.1f} GiB" if n >= (1 << 30) or n == 0 else f"{n / (1 << 20):.1f} MiB"
+
+
 def version_tuple(v):
     out = []
     for p in str(v).split("."):
@@ -122,6 +149,7 @@ class FilterModule(object):
             "systemd_env_quote": serve.systemd_env_quote,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
+            "disk_shortfalls": disk_shortfalls,
             "drafter_manifest": drafter_manifest,
             "spec_decode_stats": vllm_logs.spec_decode_stats,
             "spec_decode_delta": vllm_logs.spec_decode_delta,

@@ -1,0 +1,93 @@
+"""The controller dies (SIGKILL of `deployer up` and every process it started) in the middle of a stage (issue #12).
+
+For each stage where a deploy is changing the host, a run is killed while that stage works; then the same `up` is
+run again, with no manual cleanup.  Guards: the rerun reports the dead run's lock as stale (with the holder) and
+takes it over; it finishes the job (exit 0, the new release live and serving); nothing half-done was used: the venv
+a killed install left is redone before use, the unit systemd runs is `current`'s own, and no second lock, staging
+directory or half-written release is left behind.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sandbox_helpers import FAST, ROOT, SVC, flat, health, needs_sandbox, sandbox_hosts, sh, up
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+H = "sbx1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    for sb in sandbox_hosts(1):
+        r = up(*FAST)
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield sb
+
+
+def kill_during(role, args, timeout=600):
+    """Run `up --json` and SIGKILL its whole process group once a task of ``role`` has run; the events seen."""
+    p = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "--json", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+                         start_new_session=True)
+    seen, t0 = [], time.time()
+    try:
+        for line in p.stdout:
+            if line.startswith("{"):
+                ev = json.loads(line)
+                seen.append(ev)
+                if ev.get("event") in ("task_ok", "task_skipped") and ev.get("role") == role:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    break
+            if time.time() - t0 > timeout:
+                break
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(30)
+    assert any(e.get("role") == role for e in seen), f"stage {role} never ran: {seen[-5:]}"
+    return seen
+
+
+# (role whose task is under way when the controller dies, the settings of the new release)
+CASES = [
+    ("vllm_install", ["-e", "deployer_vllm_version=0.18.0"]),      # a new venv, half installed
+    ("start", ["-e", "deployer_gpu_memory_utilization=0.871"]),    # unit installed, server restarting
+    ("watch", ["-e", "deployer_gpu_memory_utilization=0.872"]),    # the new server loading, current not moved
+    ("release", ["-e", "deployer_gpu_memory_utilization=0.873"]),  # smoke passed, current being moved
+]
+
+
+@pytest.mark.parametrize("role,args", CASES, ids=[c[0] for c in CASES])
+def test_killed_in_a_stage_then_the_same_up_finishes_the_job(role, args):
+    if role == "watch":      # a load long enough to be killed in
+        sh(H, "echo '{\"load_seconds\": 12}' > /etc/deployer-sandbox/standin.json")
+    try:
+        kill_during(role, [*args, *FAST])
+    finally:
+        sh(H, "echo '{}' > /etc/deployer-sandbox/standin.json")
+    assert sh(H, "test -d /opt/deployer/.lock && echo held || true") == "held"        # the dead run's lock
+    t0 = time.time()
+    r = up(*args, *FAST)
+    took = time.time() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "took over a stale lock of" in flat(r.stderr) and "is gone from this controller" in flat(r.stderr), r.stderr
+    # the new release is live, serving, and systemd runs its unit
+    argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
+    assert args[1].split("=", 1)[1] in " ".join(argv) and health() == "200"
+    assert sh(H, f"cmp -s /etc/systemd/system/{SVC}.service /opt/deployer/current/{SVC}.service && echo same",
+              check=False) == "same"
+    # nothing half-done left in use or lying about
+    if role == "vllm_install":
+        assert argv[0].startswith("/opt/deployer/venvs/vllm-0.18.0") or "vllm-0.18.0" in " ".join(argv)
+        assert sh(H, "ls /opt/deployer/venvs/vllm-0.18.0/.deployer-installed") == \
+            "/opt/deployer/venvs/vllm-0.18.0/.deployer-installed"
+    assert sh(H, "ls -d /opt/deployer/.lock* 2>/dev/null || true") == ""
+    assert sh(H, "ls -a /opt/deployer/drafters | grep -c '^.incoming-' || true") == "0"
+    print(f"killed in {role}: the rerun finished the job in {took:.1f} s")
