@@ -16,12 +16,14 @@ app = typer.Typer(no_args_is_help=True, help="The embedded sandbox GPU host (rea
 @app.command("start")
 def start(hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=20, help="How many sandbox hosts.")] = 1,
           balancer: Annotated[bool, typer.Option("--balancer", help="One more host running HAProxy in front of "
-                                                  "them (inventory group balancer).")] = False):
+                                                  "them (inventory group balancer).")] = False,
+          sudo: Annotated[bool, typer.Option("--sudo", help="Hosts that refuse root over SSH: the deployer logs in "
+                                              "as 'deploy' and becomes root with sudo.")] = False):
     """Start N sandbox hosts (sbx1..sbxN) and write their inventory."""
     from deployer.sandbox import hosts as sb
     t0 = time.time()
     try:
-        started = sb.start(hosts, balancer=balancer)
+        started = sb.start(hosts, balancer=balancer, sudo=sudo)
     except sb.SandboxError as e:
         die(Exit.FAILED, str(e))
     for h in started:

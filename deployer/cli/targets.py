@@ -77,6 +77,8 @@ class Target:
 def adhoc_inventory(host: str, port: int, user: str, key: Optional[str], trust_new: bool = False) -> str:
     """An inventory of one host in a private temp file, deleted when the command ends."""
     h: dict = {"ansible_host": host, "ansible_port": port, "ansible_user": user}
+    if user != "root":   # the deploy needs root on the host: a login user becomes root with (passwordless) sudo
+        h["ansible_become"] = True
     if trust_new:  # trust on first use: record an unknown host's key, still refuse a changed one
         h["ansible_ssh_common_args"] = "-o StrictHostKeyChecking=accept-new"
     if key:

@@ -162,8 +162,12 @@ def logs(follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
     if sandbox:
         from deployer.sandbox import hosts as sb
         conn = Connection(sandbox_host, config=Config(runtime_ssh_path=str(sb.STATE / "ssh_config")))
+        as_root = not sb.is_sudo(sandbox_host)
     else:
         conn = Connection(host, user=user, port=port, connect_kwargs={"key_filename": key} if key else {})
+        as_root = user == "root"
+    if not as_root:      # a login user reads the system journal through sudo, as the deploy does (become)
+        cmd = "sudo -n " + cmd
     try:
         r = conn.run(cmd, pty=follow, warn=True)
     except KeyboardInterrupt:

@@ -53,7 +53,10 @@ MODEL_DIR = "/srv/models/Kimi-K2.5"
 KNOBS_DIR = "/etc/deployer-sandbox"
 STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"
 DEPLOY_ROOT = "/opt/deployer"
-APT_PACKAGES = ("openssh-server", "openssh-client", "rsync", "systemd-container", "iproute2")
+APT_PACKAGES = ("openssh-server", "openssh-client", "rsync", "systemd-container", "iproute2", "sudo")
+# A "sudo host" (`deployer sandbox start --sudo`) refuses root over SSH, as many production hosts do: the deployer
+# logs in as this user and becomes root with sudo (Ansible become).
+SUDO_USER, SUDO_UID = "deploy", 4242
 
 SSHD_CONFIG = """\
 Port 22
@@ -215,7 +218,10 @@ def _prepare_upper(h: Host, pubkey: str) -> Path:
     for f in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
         shutil.copy(d / f, etc_ssh / f)
     os.chmod(etc_ssh / "ssh_host_ed25519_key", 0o600)
-    (etc_ssh / "sshd_config").write_text(SSHD_CONFIG)
+    (etc_ssh / "sshd_config").write_text(SSHD_CONFIG if not is_sudo(h) else
+                                         SSHD_CONFIG.replace("PermitRootLogin prohibit-password", "PermitRootLogin no"))
+    if is_sudo(h):
+        _add_sudo_user(upper, mk, pubkey)
     (upper / "etc/hostname").write_text(h.name + "\n")
     (upper / "etc/hosts").write_text(f"127.0.0.1 localhost\n{h.ip} {h.name}\n")
     (upper / "etc/machine-id").write_text(os.urandom(16).hex() + "\n")
@@ -254,6 +260,25 @@ def _prepare_upper(h: Host, pubkey: str) -> Path:
     for p in opaque:
         os.setxattr(p, "trusted.overlay.opaque", b"y")
     return merged
+
+
+def _add_sudo_user(upper: Path, mk, pubkey: str) -> None:
+    """SANDBOX: the login user of a sudo host: passwordless sudo, the controller's key, no root login."""
+    etc = upper / "etc"
+    for name, line in (("passwd", f"{SUDO_USER}:x:{SUDO_UID}:{SUDO_UID}:deployer sandbox sudo user:/home/{SUDO_USER}:/bin/bash"),
+                       ("group", f"{SUDO_USER}:x:{SUDO_UID}:"), ("shadow", f"{SUDO_USER}:*:19000:0:99999:7:::")):
+        text = Path(f"/etc/{name}").read_text()
+        (etc / name).write_text(text + ("" if text.endswith("\n") else "\n") + line + "\n")
+    os.chmod(etc / "shadow", 0o640)
+    home = mk(f"home/{SUDO_USER}", 0o750)
+    ssh_dir = mk(f"home/{SUDO_USER}/.ssh", 0o700)
+    (ssh_dir / "authorized_keys").write_text(pubkey)
+    os.chmod(ssh_dir / "authorized_keys", 0o600)
+    for p in (home, ssh_dir, ssh_dir / "authorized_keys"):
+        os.chown(p, SUDO_UID, SUDO_UID)
+    sudoers = mk("etc/sudoers.d", 0o750)
+    (sudoers / SUDO_USER).write_text(f"{SUDO_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    os.chmod(sudoers / SUDO_USER, 0o440)
 
 
 def _machine(h: Host) -> str:
@@ -381,13 +406,16 @@ def write_client_files(hosts: list[Host]) -> None:
     for h in hosts:
         pub = (h.dir / "ssh_host_ed25519_key.pub").read_text().split()
         kh.append(f"{h.name},{h.ip} {pub[0]} {pub[1]}")
-        sc.append(f"Host {h.name}\n  HostName {h.ip}\n  User root\n  IdentityFile {key}\n  IdentitiesOnly yes\n"
+        sc.append(f"Host {h.name}\n  HostName {h.ip}\n  User {SUDO_USER if is_sudo(h) else 'root'}\n"
+                  f"  IdentityFile {key}\n  IdentitiesOnly yes\n"
                   f"  UserKnownHostsFile {STATE}/known_hosts\n  HostKeyAlias {h.name}\n  StrictHostKeyChecking yes\n"
                   f"  ControlMaster auto\n  ControlPath {STATE}/cp-%r@%h:%p\n  ControlPersist 60s\n")
     (STATE / "known_hosts").write_text("\n".join(kh) + "\n")
     (STATE / "ssh_config").write_text("\n".join(sc))
     import yaml
-    hostvars = {h.name: {"ansible_host": h.ip} for h in hosts if not is_balancer(h)}
+    hostvars = {h.name: dict({"ansible_host": h.ip}, **({"ansible_user": SUDO_USER, "ansible_become": True}
+                                                        if is_sudo(h) else {}))
+                for h in hosts if not is_balancer(h)}
     lbs = {h.name: {"ansible_host": h.ip} for h in hosts if is_balancer(h)}
     inv = {"all": {"vars": {
         "ansible_user": "root",
@@ -427,12 +455,22 @@ def hosts_on_disk() -> list[Host]:
     return out
 
 
+def _role(h: Host) -> str:
+    return (h.dir / "role").read_text().strip() if (h.dir / "role").exists() else ""
+
+
 def is_balancer(h: Host) -> bool:
-    return (h.dir / "role").exists() and (h.dir / "role").read_text().strip() == "balancer"
+    return _role(h) == "balancer"
 
 
-def start(n: int = 1, balancer: bool = False) -> list[Host]:
-    """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer)."""
+def is_sudo(h: Host | str) -> bool:
+    """A host that refuses root over SSH (``start(sudo=True)``)."""
+    return _role(host(int(h[3:])) if isinstance(h, str) else h) == "sudo"
+
+
+def start(n: int = 1, balancer: bool = False, sudo: bool = False) -> list[Host]:
+    """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer); with
+    ``sudo`` the gpu hosts refuse root over SSH and the deployer logs in as ``deploy`` and uses sudo."""
     missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
     if balancer and not tools.find("haproxy"):
         missing.append("haproxy")
@@ -441,6 +479,9 @@ def start(n: int = 1, balancer: bool = False) -> list[Host]:
                            + " ".join(APT_PACKAGES))
     for i in range(1, n + 1):
         (host(i).dir / "role").unlink(missing_ok=True)
+        if sudo:
+            host(i).dir.mkdir(parents=True, exist_ok=True)
+            (host(i).dir / "role").write_text("sudo\n")
     if balancer:
         lb = host(n + 1)
         lb.dir.mkdir(parents=True, exist_ok=True)
@@ -507,7 +548,10 @@ def status() -> list[dict]:
 
 
 def ssh(h: str, command: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run a command on a sandbox host (tests and knobs; deploys go through Ansible)."""
+    """Run a command on a sandbox host as root (tests and knobs; deploys go through Ansible); on a sudo host
+    through ``sudo``."""
+    if is_sudo(h):
+        command = "sudo -n sh -c " + shlex.quote(command)
     r = _run("ssh", "-F", STATE / "ssh_config", "-o", "BatchMode=yes", h, command, check=False, timeout=timeout)
     if check and r.returncode != 0:
         raise SandboxError(f"ssh {h} {command!r}: rc={r.returncode}\n{r.stdout}\n{r.stderr}")
@@ -516,9 +560,12 @@ def ssh(h: str, command: str, check: bool = True, timeout: float = 60) -> subpro
 
 def copy_to(h: str, src: Path | str, dest: str, mode: str = "0755") -> None:
     """Put a file from this machine onto a sandbox host (tests and rehearsals)."""
-    r = _run("scp", "-q", "-F", STATE / "ssh_config", "-o", "BatchMode=yes", src, f"{h}:{dest}", check=False)
+    landing = f"/tmp/.upload-{os.getpid()}" if is_sudo(h) else dest     # the login user may not write dest
+    r = _run("scp", "-q", "-F", STATE / "ssh_config", "-o", "BatchMode=yes", src, f"{h}:{landing}", check=False)
     if r.returncode != 0:
         raise SandboxError(f"scp {src} {h}:{dest}: rc={r.returncode}\n{r.stderr}")
+    if landing != dest:
+        ssh(h, f"mv {shlex.quote(landing)} {shlex.quote(dest)} && chown root:root {shlex.quote(dest)}")
     ssh(h, f"chmod {mode} {dest}")
 
 

@@ -68,11 +68,12 @@ def flat(text):
     return " ".join(text.split())
 
 
-def sandbox_hosts(n):
-    """Module fixture body: fresh sandbox hosts sbx1..sbxN for the module, stopped afterwards."""
+def sandbox_hosts(n, **kw):
+    """Module fixture body: fresh sandbox hosts sbx1..sbxN for the module, stopped afterwards (``kw``: start's
+    options, e.g. sudo=True)."""
     from deployer.sandbox import hosts as sb
     sb.stop()
-    sb.start(n)
+    sb.start(n, **kw)
     yield sb
     sb.stop()
 

@@ -48,7 +48,7 @@ def disk_shortfalls(measured, needs, margin_gib=0):
     item of ``needs`` (``{what, path, bytes}``: what will be written where), in the same order.  Needs on the same
     filesystem add up; the margin is kept free on each filesystem written to."""
     by_dev, order = {}, []
-    for line, need in zip(measured, needs):
+    for line, need in zip(measured, needs, strict=True):   # one measurement per need, or the check is wrong
         dev, free_kib, _where = (str(line).split(None, 2) + ["", "", ""])[:3]
         if dev not in by_dev:
             by_dev[dev] = {"free": int(free_kib or 0) * 1024, "parts": [], "paths": []}
