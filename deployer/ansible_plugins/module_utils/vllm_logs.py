@@ -19,7 +19,8 @@ PHASE_TITLES = {
     "api": "API server starting", "ready": "ready",
 }
 
-_PREFIX = re.compile(r"^(?:\((?:[A-Za-z_]+[A-Za-z0-9_]*)(?: [^)]*)?\)\s+)?")
+# one or more process prefixes: "(Worker_TP0 pid=1) ", "(VllmWorker rank=1 pid=2) " (0.8.x), nested ones
+_PREFIX = re.compile(r"^(?:\((?:[A-Za-z_]+[A-Za-z0-9_]*)(?: [^)]*)?\)\s+)*")
 RX = {
     "start": re.compile(r"Starting to load model (\S+?)\.{0,3}$"),
     "shards": re.compile(r"Loading safetensors [^:]*?:\s+(\d+)% Completed \| (\d+)/(\d+)"),
@@ -54,15 +55,16 @@ GENERIC_FATAL = ("engine_dead", "traceback")
 FATAL = (
     ("eagle3_interface", re.compile(r"Model does not support EAGLE3 interface|"
                                     r"does not implement set_eagle3_layers_to_capture")),
-    ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
+    ("cuda_oom", re.compile(r"CUDA out of memory|CUDA error: out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
     ("nccl", re.compile(r"NCCL error|ncclInternalError|ncclSystemError|NCCL WARN .*(?:failed|error)", re.I)),
     ("engine_dead", re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError|"
                                r"Scheduler hit an exception|Received sigquit from a child process|"
-                               r"(?:Worker|Engine core) proc \S+ died unexpectedly")),
+                               r"(?:Worker|Engine core) proc \S+ died unexpectedly|"
+                               r"WorkerProc (?:failed to start|initialization failed|failed\.|hit an exception)")),
     ("validation", re.compile(r"pydantic_core\._pydantic_core\.ValidationError|ValidationError: \d+ validation error")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failed)\b.*:")
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt|Failed)\b.*:")
 WARN = (
     re.compile(r"Custom allreduce is disabled"),
     re.compile(r"setting cudagraph_mode=PIECEWISE"),
@@ -70,11 +72,17 @@ WARN = (
 )
 
 
+def _unrefined(found):
+    """A generic fatal line not yet replaced by the exception that follows it: only the FIRST exception line after
+    it names the failure (shutdown errors that come later must not replace the root cause)."""
+    return found[0] in GENERIC_FATAL and any(rx.search(found[1]) for k, rx in FATAL if k in GENERIC_FATAL)
+
+
 def fold_fatal(found, line):
     """One log line (prefix stripped) into the root cause so far: ``(found, matched)``.  ``found`` is
     ``(kind, line)`` or None; a specific kind wins over a generic one whatever the order, and the exception line
     that follows a generic one ("Traceback (...)", "EngineCore failed to start.") names the failure better."""
-    if found and found[0] in GENERIC_FATAL and _EXC_LINE.match(line) and not any(rx.search(line) for _k, rx in FATAL):
+    if found and _unrefined(found) and _EXC_LINE.match(line) and not any(rx.search(line) for _k, rx in FATAL):
         return ("traceback", line), True
     for kind, rx in FATAL:
         if rx.search(line):
