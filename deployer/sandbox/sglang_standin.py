@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 try:
     import vllm_standin as base  # on a sandbox host (copied beside this file)
@@ -178,27 +178,11 @@ def api_key_of(config_path):
 
 
 def make_handler(a, metrics, api_key, k):
-    class H(BaseHTTPRequestHandler):
-        server_version = "uvicorn"
-        sys_version = ""
-
+    class H(base.ApiHandler):
         def log_message(self, fmt, *args):
-            sys.stdout.write('[%s] INFO:     %s - %s\n' % (time.strftime("%Y-%m-%d %H:%M:%S"),
-                                                             self.client_address[0], fmt % args))
+            sys.stdout.write("[%s] INFO:     %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), fmt % args))
             sys.stdout.flush()
 
-        def _send(self, code, body=b"", ctype="application/json"):
-            self.send_response(code)
-            self.send_header("content-type", ctype)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _authorized(self):
-            if not api_key or self.headers.get("Authorization", "") == "Bearer " + api_key:
-                return True
-            self._send(401, json.dumps({"error": "Unauthorized"}).encode())
-            return False
 
         def do_GET(self):
             if self.path in ("/health", "/health_generate"):   # exempt from the API key; 503 until warm
@@ -244,6 +228,8 @@ def make_handler(a, metrics, api_key, k):
                     "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": gen,
                               "total_tokens": len(prompt.split()) + gen}}
             self._send(200, json.dumps(body).encode())
+
+    H.api_key = api_key
     return H
 
 

@@ -38,6 +38,7 @@ import re
 import sys
 import threading
 import time
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KNOBS_FILE = os.environ.get("DEPLOYER_STANDIN_KNOBS", "/etc/deployer-sandbox/standin.json")
@@ -395,32 +396,44 @@ FAILURE_KNOBS = ("crash_phase", "stall_phase", "crash_after_ready_seconds", "unh
                  "hang_after_ready_seconds", "chat_status", "empty_reply", "no_drafts", "fatal_line_phase")
 
 
+class ApiHandler(BaseHTTPRequestHandler):
+    """What both stand-ins' HTTP servers share (this one and sglang_standin's): uvicorn's server header, a JSON
+    reply, and the Bearer API key check (401 as both engines answer it)."""
+    server_version = "uvicorn"
+    sys_version = ""
+    api_key = ""
+
+    def log_request(self, code="-", size="-"):
+        """uvicorn's access line: ``127.0.0.1:54321 - "GET /health HTTP/1.1" 200 OK`` (after the logger's prefix)."""
+        try:
+            phrase = " " + HTTPStatus(int(code)).phrase
+        except ValueError:
+            phrase = ""
+        self.log_message('%s:%s - "%s" %s%s', self.client_address[0], self.client_address[1], self.requestline,
+                         code, phrase)
+
+    def _send(self, code, body=b"", ctype="application/json"):
+        self.send_response(code)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self):
+        if not self.api_key or self.headers.get("Authorization", "") == "Bearer " + self.api_key:
+            return True
+        self._send(401, json.dumps({"error": "Unauthorized"}).encode())
+        return False
+
+
 def make_handler(args, metrics, api_key, started, k=None):
     k = k or {}
 
-    class H(BaseHTTPRequestHandler):
-        server_version = "uvicorn"
-        sys_version = ""
-
+    class H(ApiHandler):
         def log_message(self, fmt, *a):
             out = stream("APIServer")
-            out.write('INFO:     %s - "%s"\n' % (self.client_address[0], fmt % a))
+            out.write("INFO:     %s\n" % (fmt % a))
             out.flush()
-
-        def _send(self, code, body=b"", ctype="application/json"):
-            self.send_response(code)
-            self.send_header("content-type", ctype)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _authorized(self):
-            if not api_key:
-                return True
-            if self.headers.get("Authorization", "") == "Bearer " + api_key:
-                return True
-            self._send(401, json.dumps({"error": "Unauthorized"}).encode())
-            return False
 
         def _engine_gate(self):
             """A hung server accepts the connection and never answers; a dead engine core makes vLLM's
@@ -489,6 +502,8 @@ def make_handler(args, metrics, api_key, started, k=None):
                     "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": gen,
                               "total_tokens": len(prompt.split()) + gen}}
             self._send(200, json.dumps(body).encode())
+
+    H.api_key = api_key
     return H
 
 
