@@ -13,7 +13,8 @@ description:
     gone is the controller's to ask (the record names controller and pid).
   - I(take_over) replaces a stale holder atomically (the old lock directory is renamed aside, so of two
     controllers taking over at once exactly one wins) and returns it as C(took_over).
-  - C(absent) releases it, only if I(token) matches, unless I(force).
+  - C(absent) releases it, only if I(token) matches, unless I(force); with I(audit) it first appends the run's
+    record to the audit log, so that the record and the release cost one round trip.
 options:
   path:
     description: Lock directory.
@@ -41,6 +42,12 @@ options:
       - Take the lock from a stale holder, identified by its C(since) (key C(since)), so that a holder that
         changed in the meantime is never taken over. Only with C(present).
     type: dict
+  audit:
+    description:
+      - With C(absent), append one JSON line (key C(line), a dict, written with sorted keys) to the file at key
+        C(path) before releasing the lock; the file is created 0644 if missing. Written whoever holds the lock
+        now (it is this run's outcome). Not in check mode.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -58,6 +65,15 @@ EXAMPLES = r"""
     path: /opt/deployer/.lock
     token: "{{ deployer_run_id }}"
     owner: {user: alice, controller: laptop, pid: 4242, command: up}
+
+- name: Record the run and release the lock.
+  deploy_lock:
+    path: /opt/deployer/.lock
+    token: "{{ deployer_run_id }}"
+    state: absent
+    audit:
+      path: /opt/deployer/audit.jsonl
+      line: {command: up, result: ok}
 """
 
 RETURN = r"""
@@ -91,13 +107,26 @@ def read(path):
         return None
 
 
+def append_line(m, audit):
+    """Append ``audit['line']`` as one JSON line to ``audit['path']`` (0644 when created)."""
+    if not audit.get("path") or not isinstance(audit.get("line"), dict):
+        m.fail_json(msg="audit: expected keys path (a file) and line (a dict), got %s" % sorted(audit))
+    fd = os.open(audit["path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(audit["line"], sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+    return True
+
+
 def main():
     m = AnsibleModule(argument_spec=dict(path=dict(type="path", required=True),
                                          state=dict(type="str", choices=["present", "absent"], default="present"),
                                          token=dict(type="str", required=True, no_log=False),
                                          owner=dict(type="dict", default={}),
                                          force=dict(type="bool", default=False),
-                                         take_over=dict(type="dict")),
+                                         take_over=dict(type="dict"),
+                                         audit=dict(type="dict")),
                       supports_check_mode=True)
     p = m.params
     path = p["path"]
@@ -142,10 +171,13 @@ def main():
         os.rename(tmp, os.path.join(path, "holder.json"))
         m.exit_json(changed=True, holder=rec, took_over=took_over)
     # absent
+    audited = False
+    if p["audit"] and not m.check_mode:
+        audited = append_line(m, p["audit"])
     if not os.path.isdir(path):
-        m.exit_json(changed=False, holder=None)
+        m.exit_json(changed=audited, holder=None)
     if holder is not None and holder.get("token") != p["token"] and not p["force"]:
-        m.exit_json(changed=False, holder=holder, msg="lock held by another run; left in place")
+        m.exit_json(changed=audited, holder=holder, msg="lock held by another run; left in place")
     if not m.check_mode:
         shutil.rmtree(path)
     m.exit_json(changed=True, holder=holder)
