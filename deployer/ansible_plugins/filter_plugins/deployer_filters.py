@@ -45,24 +45,28 @@ def sm120_refusals(the_plan, gpus):
 
 def disk_shortfalls(measured, needs, margin_gib=0):
     """What does not fit, one message per filesystem.  ``measured``: lines ``<st_dev> <free KiB> <path>``, one per
-    item of ``needs`` (``{what, path, bytes}``: what will be written where), in the same order.  Needs on the same
-    filesystem add up; the margin is kept free on each filesystem written to."""
+    item of ``needs`` (``{what, path, bytes}``: what will be written where; ``always``: check that filesystem even
+    when nothing is written to it - the deploy root's, where journals and caches grow), in the same order.  Needs on
+    the same filesystem add up; the margin is kept free on each filesystem checked."""
     by_dev, order = {}, []
     for line, need in zip(measured, needs, strict=True):   # one measurement per need, or the check is wrong
         dev, free_kib, _where = (str(line).split(None, 2) + ["", "", ""])[:3]
         if dev not in by_dev:
-            by_dev[dev] = {"free": int(free_kib or 0) * 1024, "parts": [], "paths": []}
+            by_dev[dev] = {"free": int(free_kib or 0) * 1024, "parts": [], "paths": [], "always": False}
             order.append(dev)
-        by_dev[dev]["parts"].append((need["what"], int(need["bytes"])))
-        by_dev[dev]["paths"].append(need["path"])
+        fs = by_dev[dev]
+        fs["parts"].append((need["what"], int(need.get("bytes") or 0)))
+        fs["always"] |= bool(need.get("always"))
+        if need.get("bytes") or need.get("always"):
+            fs["paths"].append(need["path"])
     out, margin = [], int(float(margin_gib) * (1 << 30))
     for dev in order:
         fs = by_dev[dev]
         wanted = sum(b for _w, b in fs["parts"])
-        if wanted and fs["free"] < wanted + margin:
-            parts = " + ".join(f"{w} {_gib(b)}" for w, b in fs["parts"] if b) + f" + margin {_gib(margin)}"
-            out.append(f"free disk on the filesystem of {' and '.join(fs['paths'])}: measured {_gib(fs['free'])} "
-                       f"({fs['free']} bytes), expected >= {_gib(wanted + margin)} ({wanted + margin} bytes: {parts})")
+        if (wanted or fs["always"]) and fs["free"] < wanted + margin:
+            parts = " + ".join([f"{w} {_gib(b)}" for w, b in fs["parts"] if b] + [f"margin {_gib(margin)}"])
+            out.append(f"free disk on the filesystem of {' and '.join(fs['paths'])}: measured {_gib(fs['free'])}, "
+                       f"expected >= {_gib(wanted + margin)} ({parts}; in bytes {fs['free']} < {wanted + margin})")
     return out
 
 
