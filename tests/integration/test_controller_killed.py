@@ -30,9 +30,9 @@ def sandbox():
         yield sb
 
 
-def kill_during(role, args, task="", delay=0.0, timeout=600):
-    """Run `up --json` and SIGKILL its whole process group ``delay`` seconds after a task of ``role`` (whose name
-    starts with ``task``) has run; the events seen."""
+def kill_during(role, args, task="", until=None, timeout=600):
+    """Run `up --json` and SIGKILL its whole process group once a task of ``role`` (whose name starts with ``task``)
+    has run and, with ``until`` (a shell command on the host), once that command prints something; the events."""
     p = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "--json", *args],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
                          start_new_session=True)
@@ -44,7 +44,10 @@ def kill_during(role, args, task="", delay=0.0, timeout=600):
                 seen.append(ev)
                 if ev.get("event") in ("task_ok", "task_skipped") and ev.get("role") == role \
                         and str(ev.get("task") or "").startswith(task):
-                    time.sleep(delay)
+                    for _ in range(600 if until else 0):      # e.g. until uv runs on the host
+                        if sh(H, until, check=False):
+                            break
+                        time.sleep(0.1)
                     os.killpg(p.pid, signal.SIGKILL)
                     break
             if time.time() - t0 > timeout:
@@ -75,7 +78,7 @@ def test_killed_in_a_stage_then_the_same_up_finishes_the_job(role, args):
     installing = "pgrep -f '[p]ip install --python /opt/deployer/venvs/vllm-0.18.0' || true"   # [p]: not this shell
     try:
         if role == "vllm_install":    # killed while uv installs: the install goes on without its controller
-            kill_during(role, [*args, *FAST], task="Create the venv", delay=1.0)
+            kill_during(role, [*args, *FAST], task="Create the venv", until=installing)
             left = sh(H, installing).split()
             assert left, "the install did not outlive its controller: nothing to guard here"
             # hold it, so that it is certainly still going when the rerun comes (offline it would end in seconds)
