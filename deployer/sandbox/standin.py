@@ -642,11 +642,11 @@ def main(argv):
     api.flush()
     mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
-        def die():   # a worker dies while serving (an Xid, a segfault): vLLM's two monitor lines, then the exit
+        def die_while_serving():   # a worker dies while serving (an Xid, a segfault): vLLM's two monitor lines, then the exit
             log("worker_died", "VllmWorker-3", who="EngineCore_DP0", level="ERROR")
             log("core_died", "EngineCore_DP0", who="APIServer", level="ERROR")
             os._exit(1)
-        threading.Timer(float(k["crash_after_ready_seconds"]), die).start()
+        threading.Timer(float(k["crash_after_ready_seconds"]), die_while_serving).start()
     if k.get("unhealthy_after_ready_seconds") is not None:
         threading.Timer(float(k["unhealthy_after_ready_seconds"]), lambda: ENGINE.update(dead=True)).start()
     if k.get("hang_after_ready_seconds") is not None:
