@@ -12,3 +12,16 @@ def pytest_configure(config):
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():
         os.environ["DEPLOYER_SANDBOX_SLOT"] = str(int(worker[2:]) + int(os.environ.get("DEPLOYER_SANDBOX_SLOT", "0")))
+
+
+# The longest test modules first.  pytest-xdist's loadfile scheduler hands modules to workers in collection order,
+# so a multi-minute module collected last (alphabetically) ran alone at the end of the run; longest-first shortens
+# the whole run.  Rough one-worker minutes from CI's --durations (docs/benchmarks.md); modules not listed follow.
+HEAVY_FIRST = ("test_real_host.py", "test_releases.py", "test_faults_load.py", "test_fleet.py", "test_faults_smoke.py",
+               "test_sandbox.py", "test_many_hosts.py", "test_controller_killed.py", "test_watch.py", "test_become.py",
+               "test_sglang.py", "test_reboot.py", "test_real_venv.py", "test_lint.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a module's own order is kept
