@@ -177,9 +177,9 @@ def _last_fatal(service, lines=600):
     systemd invocation of the journal's last ``lines``): {kind, line, runs_ago (0: the run now), at (epoch s)}."""
     import subprocess
     try:
-        from ansible.module_utils.vllm_logs import root_cause  # on the host
+        from ansible.module_utils.vllm_logs import journal_entry, root_cause  # on the host
     except ImportError:
-        from deployer.ansible_plugins.module_utils.vllm_logs import root_cause  # on the controller (tests)
+        from deployer.ansible_plugins.module_utils.vllm_logs import journal_entry, root_cause  # on the controller
     try:
         out = subprocess.run(["journalctl", "-u", service + ".service", "-n", str(lines), "-o", "json", "--all",
                               "--no-pager", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID"],
@@ -188,13 +188,10 @@ def _last_fatal(service, lines=600):
         return None
     runs, order = {}, []
     for raw in out.splitlines():
-        try:
-            e = json.loads(raw)
-        except ValueError:
+        e = journal_entry(raw)
+        if e is None:
             continue
         msg = e.get("MESSAGE")
-        if isinstance(msg, list):          # journald gives non-UTF-8 messages as a list of byte values
-            msg = bytes(msg).decode("utf-8", "replace")
         inv = e.get("_SYSTEMD_INVOCATION_ID") or ""
         if inv not in runs:
             runs[inv] = []

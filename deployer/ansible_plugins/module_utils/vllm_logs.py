@@ -10,6 +10,7 @@ Unknown lines never raise; they are ignored.
 """
 from __future__ import annotations
 
+import json
 import re
 
 PHASES = ("starting", "weights", "drafter", "compile", "kv_cache", "graphs", "api", "ready")
@@ -100,6 +101,18 @@ def root_cause(lines):
         for line in split_lines(raw):
             found = fold_fatal(found, strip_prefix(line))[0]
     return found
+
+
+def journal_entry(raw):
+    """One line of ``journalctl -o json`` as a dict with MESSAGE as text (journald gives a non-UTF-8 message as a
+    list of byte values), or None for a line that is not JSON."""
+    try:
+        e = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(e.get("MESSAGE"), list):
+        e["MESSAGE"] = bytes(e["MESSAGE"]).decode("utf-8", "replace")
+    return e
 
 
 def split_lines(text):

@@ -116,12 +116,11 @@ tail:
   type: list
 """
 
-import json
 import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_logs import LoadState, eta_seconds, overdue_seconds
+from ansible.module_utils.vllm_logs import LoadState, eta_seconds, journal_entry, overdue_seconds
 
 TAIL = 40
 # systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
@@ -158,16 +157,10 @@ def journal(module, service, invocation):
     rc, out, _ = module.run_command(args)
     entries = []
     for line in out.splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
+        e = journal_entry(line)
+        if e is None or e.get("MESSAGE") is None:
             continue
-        msg = e.get("MESSAGE")
-        if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
-            msg = bytes(msg).decode("utf-8", "replace")
-        if msg is None:
-            continue
-        entries.append((int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6, msg))
+        entries.append((int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6, e["MESSAGE"]))
     return entries
 
 
