@@ -111,11 +111,17 @@ def rollback(
     as_json: Json = False,
 ):
     """Go back to the previous (or a named) release without reinstalling: flip, restart, watch, smoke."""
+    t = Target(host, port, user, key, inventory, sandbox, limit)
+    raise typer.Exit(run_rollback(t, extra, as_json, to=to, limit=limit))
+
+
+def run_rollback(t: Target, extra, as_json: bool, to: Optional[str] = None, limit: Optional[str] = None) -> int:
+    """The rollback playbook on ``t`` (``limit``: only these hosts); its exit code.  `rollback` and
+    `status --rollback-if-crash-looping` both run it."""
     ev = parse_extra(extra or [])
     ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": to or ""})
-    t = Target(host, port, user, key, inventory, sandbox, limit)
     res = runner.run("rollback.yml", t.inventory_path(), ev, limit=limit, on_event=Display(as_json))
-    raise typer.Exit(report(res, as_json, "rollback"))
+    return report(res, as_json, "rollback")
 
 
 def watch(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,

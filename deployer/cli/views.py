@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import Annotated
@@ -140,13 +139,10 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
 def _rollback_crash_loops(t: Target, hosts: list[str], extra, as_json: bool):
     """Roll the crash-looping ``hosts`` back to their previous release (the rollback playbook, limited to them);
     exits with the rollback's code."""
-    from deployer.cli.deploy import Display
+    from deployer.cli.deploy import run_rollback
     if not as_json:
         out.print(f"rolling back (crash loop): {', '.join(hosts)}")
-    ev = parse_extra(extra or [])
-    ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": ""})
-    res = runner.run("rollback.yml", t.inventory_path(), ev, limit=",".join(hosts), on_event=Display(as_json))
-    raise typer.Exit(report(res, as_json, "rollback"))
+    raise typer.Exit(run_rollback(t, extra, as_json, limit=",".join(hosts)))
 
 
 def logs(follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
