@@ -47,12 +47,11 @@ from deployer import serve, serve_sglang
 BACKENDS = ("vllm", "sglang")
 ENGINES = {"vllm": {"label": "vLLM", "package": "vllm"}, "sglang": {"label": "SGLang", "package": "sglang"}}
 SECRET_KEYS = ("api_key", "hf_token")
-# The unit and env-file templates (and the log-line wrapper the unit runs) are part of what names a release: a
-# changed template is a new release (never the same id with different files), and a release's recorded unit is
-# the one it was verified with.
+# The unit and env-file templates are part of what names a release: a changed template is a new release (never the
+# same id with different files), and a release's recorded unit is the one it was verified with.  The log-line
+# wrapper the unit runs is named by its content (line_splitter_path), and that path is a release input too.
 _REPO = Path(__file__).resolve().parent.parent
-_TEMPLATES = [_REPO / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2", "sglang-secrets.yaml.j2")] + [
-    _REPO / "roles" / "render" / "files" / "journal_lines.py"]
+_TEMPLATES = [_REPO / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2", "sglang-secrets.yaml.j2")]
 _LINE_SPLITTER = _REPO / "roles" / "render" / "files" / "journal_lines.py"
 
 
@@ -191,6 +190,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     line_splitter = s.get("log_line_splitter", True)
     if not isinstance(line_splitter, bool):
         raise PlanError(f"log_line_splitter: got {line_splitter!r}, expected true or false")
+    wrapper = line_splitter_path(dirs["bin"]) if line_splitter else None
 
     return {
         "backend": backend, "engine": dict(ENGINES[backend], name=backend, version=version),
@@ -199,7 +199,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "patch_state": "present" if patched else "absent",
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,
         "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": devices,
-                 "line_splitter": line_splitter_path(dirs["bin"]) if line_splitter else None},
+                 "line_splitter": wrapper},
         "api_protected": api_protected,
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
@@ -208,7 +208,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
                            "drafter": drafter["tree_sha256"] if drafter else None,
                            "env": env, "secrets": secrets_hash, "restart_delay": restart_delay,
                            "user": user, "writable": writable, "devices": devices, "templates": templates_hash(),
-                           "line_splitter": line_splitter_path(dirs["bin"]) if line_splitter else None},
+                           "line_splitter": wrapper},
     }
 
 
