@@ -63,6 +63,8 @@ class Result:
             return Exit.OK
         if any(f.res.get("locked") for f in self.failures) or "locked" in classes:
             return Exit.LOCKED
+        if self.failures and all(f.res.get("bad_value") for f in self.failures):
+            return Exit.PREFLIGHT    # a role's argument spec refused a value before any task ran
         for cls, code in (("failed", Exit.FAILED), ("verify", Exit.VERIFY), ("preflight", Exit.PREFLIGHT)):
             if cls in classes:
                 return code   # the worst class over the hosts
@@ -97,11 +99,15 @@ class Collector:
             if msg == "non-zero return code":   # a command: what it printed says why
                 msg = "\n".join(x for x in (msg, str(res.get("stderr") or "")[-2000:],
                                             str(res.get("stdout") or "")[-2000:]) if x)
+            if res.get("argument_errors") is not None:   # a role's argument spec refused a value: nothing ran yet
+                from deployer.settings_check import explain_arg_spec_failure
+                msg = explain_arg_spec_failure(msg)
+                res = dict(res, bad_value=True)
             if res.get("_ansible_no_log"):
                 msg = HIDDEN
             self.failures.append(Failure(host, data.get("task", "?"), data.get("role", ""),
                                          "\n".join(map(str, msg)) if isinstance(msg, list) else str(msg),
-                                         {k: res[k] for k in ("holder", "locked") if k in res}))
+                                         {k: res[k] for k in ("holder", "locked", "bad_value") if k in res}))
         elif kind == "runner_on_unreachable":
             self.unreachable.append(host)
             self.failures.append(Failure(host, data.get("task", "?"), data.get("role", ""),

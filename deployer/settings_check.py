@@ -43,3 +43,43 @@ def unknown(names) -> list[str]:
             close = difflib.get_close_matches(n, documented, n=2, cutoff=0.8)
             out.append(n + (f" (did you mean {' or '.join(close)}?)" if close else " (no such setting)"))
     return out
+
+
+@lru_cache(maxsize=1)
+def argument_specs() -> dict:
+    """Every role's documented options (``meta/argument_specs.yml``, entry point ``main``), merged by name."""
+    import yaml
+    spec: dict = {}
+    for f in sorted((ROOT / "roles").glob("*/meta/argument_specs.yml")):
+        opts = ((yaml.safe_load(f.read_text()) or {}).get("argument_specs") or {}).get("main", {}).get("options")
+        spec.update(opts or {})
+    return spec
+
+
+def invalid(values: dict) -> list[str]:
+    """One message per value the roles' argument specs refuse (type, choices), checked by Ansible's own
+    validator as the roles will check it, but naming the value given: ``deployer_gpu_memory_utilization:
+    got 'lots' (str); ...``.  Names without a spec are not judged here."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+    spec = argument_specs()
+    out = []
+    for name in sorted(n for n in values if n in spec):
+        one = {name: {k: v for k, v in spec[name].items() if k in ("type", "choices", "elements", "options")}}
+        res = ArgumentSpecValidator(one).validate({name: values[name]})
+        if res.error_messages:
+            allowed = f"; allowed: {', '.join(map(repr, spec[name]['choices']))}" if spec[name].get("choices") else ""
+            out.append(f"{name}: got {values[name]!r}; expected {spec[name].get('type', 'str')}{allowed}")
+    return out
+
+
+def _plain(msg: str) -> str:
+    """Ansible's validator message without its internal class names."""
+    return re.sub(r"<class '[\w.]*?(\w+)'>", lambda m: m.group(1).lstrip("_").replace("AnsibleTagged", "").lower(),
+                  msg)
+
+
+def explain_arg_spec_failure(msg: str) -> str:
+    """A role's argument-spec failure (a value from the inventory or group_vars) in the deployer's words."""
+    lines = [m for m in str(msg).splitlines()[1:] if m.strip()] or [str(msg)]
+    return "bad setting value (before anything changed): " + "; ".join(_plain(m) for m in lines) + \
+        " (settings and their types: roles/*/meta/argument_specs.yml)"

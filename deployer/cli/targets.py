@@ -59,6 +59,7 @@ class Target:
         if self.inventory:
             if not Path(self.inventory).exists():
                 die(Exit.USAGE, f"inventory {self.inventory}: no such file")
+            check_inventory_file(Path(self.inventory))
             return self.inventory
         return adhoc_inventory(self.host, self.port, self.user, self.key, self.trust_new)
 
@@ -72,6 +73,23 @@ class Target:
         if self.inventory:
             return ["-i", str(Path(self.inventory).resolve())]
         return ["--sandbox"]
+
+
+def check_inventory_file(path: Path) -> None:
+    """A YAML/JSON inventory that does not parse is bad input, said as such: Ansible would only warn and go on
+    with no hosts (INI files, directories and scripts are left to Ansible)."""
+    if path.is_dir() or path.suffix not in (".yml", ".yaml", ".json"):
+        return
+    class Loader(yaml.SafeLoader):   # Ansible's own tags (!vault, !unsafe) are valid in an inventory
+        pass
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    try:
+        data = yaml.load(path.read_text(), Loader=Loader)  # noqa: S506 - a SafeLoader that ignores tags
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        die(Exit.USAGE, f"inventory {path}: cannot be read as YAML: {' '.join(str(e).split())}")
+    if not isinstance(data, dict):
+        die(Exit.USAGE, f"inventory {path}: expected a mapping of groups (e.g. all: {{children: {{gpu: ...}}}}), "
+                        f"got {type(data).__name__}")
 
 
 def adhoc_inventory(host: str, port: int, user: str, key: Optional[str], trust_new: bool = False) -> str:
@@ -113,10 +131,13 @@ def parse_extra(extra: list[str]) -> dict:
             vals[k] = v
         if vals[k] is None:  # "-e k=null" or "-e k=~": an empty value
             vals[k] = ""
-    from deployer.settings_check import unknown
+    from deployer.settings_check import invalid, unknown
     bad = unknown(vals)
     if bad:
         die(Exit.USAGE, "unknown setting: " + "; ".join(bad) + " (settings: roles/*/defaults/main.yml)")
+    bad = invalid(vals)
+    if bad:
+        die(Exit.USAGE, "bad setting value: " + "; ".join(bad) + " (types: roles/*/meta/argument_specs.yml)")
     for var, env in SECRET_ENV.items():
         if os.environ.get(env) and var not in vals:
             vals[var] = os.environ[env]

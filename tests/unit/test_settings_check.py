@@ -20,3 +20,66 @@ def test_every_documented_setting_and_playbook_switch_is_known():
 
 def test_names_that_are_not_ours_pass():
     assert unknown(["ansible_user", "ansible_python_interpreter", "my_site_var", "inventory_hostname"]) == []
+
+
+# ---- malformed input: one clear error naming the value and what is allowed, exit 2/3, no host contacted
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from deployer.runner import Collector, Exit  # noqa: E402
+from deployer.settings_check import explain_arg_spec_failure, invalid  # noqa: E402
+
+
+def test_values_of_the_wrong_type_or_outside_the_choices_are_named_with_what_is_allowed():
+    """Guards the -e check: Ansible's own validator with the roles' specs, but the message names the value."""
+    assert invalid({"deployer_gpu_memory_utilization": "lots", "deployer_port": "http",
+                    "deployer_safetensors_load_strategy": "fast", "deployer_max_model_len": 65536,
+                    "ansible_user": 3}) == [
+        "deployer_gpu_memory_utilization: got 'lots'; expected float",
+        "deployer_port: got 'http'; expected int",
+        "deployer_safetensors_load_strategy: got 'fast'; expected str; allowed: '', 'lazy', 'eager', 'torchao'"]
+    assert invalid({"deployer_gpu_memory_utilization": 0.9, "deployer_port": "8000"}) == []   # converted as Ansible does
+
+
+def test_an_argument_spec_failure_from_the_inventory_is_a_refusal_not_a_failed_deploy():
+    """Guards exit 3 (nothing changed) instead of 1 (failed after changes) for a bad inventory value."""
+    c = Collector()
+    msg = ("Validation of arguments failed:\nargument 'deployer_port' is of type <class 'ansible.module_utils."
+           "_internal._datatag._AnsibleTaggedStr'> and we were unable to convert to int: \"'x'\" cannot be converted")
+    c({"event": "runner_on_failed", "event_data": {"host": "h1", "task": "Validating arguments against arg spec 'main'",
+       "role": "deployer", "res": {"failed": True, "msg": msg, "argument_errors": [msg.splitlines()[1]]}}})
+    c({"event": "playbook_on_stats", "event_data": {"processed": {"h1": 1}, "failures": {"h1": 1}}})
+    r = c.result(2, "failed")
+    assert r.exit_code() == Exit.PREFLIGHT
+    assert r.failures[0].msg.startswith("bad setting value (before anything changed): argument 'deployer_port' is of "
+                                        "type str and"), r.failures[0].msg
+    assert "_datatag" not in explain_arg_spec_failure(msg)
+
+
+def _up(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "deployer.cli", "up", *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+
+
+def test_malformed_inventories_and_extra_var_files_are_bad_input(tmp_path):
+    """Guards: Ansible only warns about an inventory it cannot parse and goes on with no hosts; -e files."""
+    cases = {
+        "broken.yml": ("all:\n  hosts:\n    a: {ansible_host: 1.2.3.4\n", "cannot be read as YAML"),
+        "list.yml": ("- h1\n", "expected a mapping of groups"),
+    }
+    for name, (text, want) in cases.items():
+        (tmp_path / name).write_text(text)
+        r = _up(tmp_path, "-i", str(tmp_path / name))
+        assert r.returncode == 2 and f"inventory {tmp_path / name}: {want}" in " ".join(r.stderr.split()), r.stderr
+    (tmp_path / "e.yml").write_text("deployer_port: [8000\n")
+    (tmp_path / "l.yml").write_text("- a\n")
+    for arg, want in ((f"@{tmp_path}/e.yml", "while parsing a flow sequence"),
+                      (f"@{tmp_path}/l.yml", "expected a mapping of variables, got list"),
+                      (f"@{tmp_path}/none.yml", "No such file or directory"),
+                      ("deployer_port=http", "deployer_port: got 'http'; expected int")):
+        r = _up(tmp_path, "--host", "192.0.2.1", "-e", arg)
+        assert r.returncode == 2 and want in " ".join(r.stderr.split()), (arg, r.stderr)
+    # Ansible's own tags are fine in an inventory: !vault is not a parse error
+    (tmp_path / "vault.yml").write_text("all:\n  vars:\n    x: !vault |\n      $ANSIBLE_VAULT;1.1;AES256\n      31\n")
+    from deployer.cli.targets import check_inventory_file
+    check_inventory_file(tmp_path / "vault.yml")
