@@ -165,6 +165,18 @@ def drafter_config() -> dict:
     }
 
 
+def safetensors_bytes(tensors: dict) -> bytes:
+    """A safetensors file (8-byte little-endian header length, JSON header, the tensors' bytes): name -> (dtype,
+    shape, data).  The format: https://github.com/huggingface/safetensors#format"""
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)     # the header is padded with spaces to 8 bytes, as the library writes it
+    return len(h).to_bytes(8, "little") + h + data
+
+
 def write_model_dir(root: Path, shards: int = 64) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(kimi_config(), indent=2))
@@ -178,8 +190,8 @@ def write_model_dir(root: Path, shards: int = 64) -> None:
     weight_map = {f"language_model.model.layers.{i}.mlp.experts.weight": n for i, n in enumerate(names)}
     (root / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": shards * 16}, "weight_map": weight_map}, indent=2))
-    for n in names:
-        (root / n).write_bytes(b"\0" * 16)  # stand-ins for ~9.8 GB shards
+    for w, n in weight_map.items():   # stand-ins for ~9.8 GB shards: real safetensors files, one 16-byte tensor each
+        (root / n).write_bytes(safetensors_bytes({w: ("BF16", [8], b"\0" * 16)}))
     (root / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 262144}))
 
 

@@ -80,6 +80,10 @@ PREFLIGHT_CASES = {
                  "'RTX PRO 6000 Blackwell' with >= 97000 MiB",
     "missing_config": "model: /srv/models/Kimi-K2.5/config.json not found",
     "bad_drafter": "drafter: /nonexistent/drafter/config.json not found",
+    # a partial download: found from the shard's own header in seconds, not by the engine after minutes
+    "truncated_shard": "model shards: 1 of 64 in /srv/models/Kimi-K2.5 do not match their own safetensors header: "
+                       "model-00023-of-000064.safetensors measured 0 bytes, expected a safetensors file (shorter than "
+                       "a safetensors header (8 bytes))",
 }
 
 
@@ -97,6 +101,9 @@ def test_03_preflight_failure_changes_nothing(case):
         sbx.set_knobs(H, gpus={"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559})
     elif case == "missing_shard":
         sh(f"mv {sbx.MODEL_DIR}/model-00017-of-000064.safetensors /root/shard17")
+    elif case == "truncated_shard":
+        sh(f"cp -p {sbx.MODEL_DIR}/model-00023-of-000064.safetensors /root/shard23 && "
+           f": > {sbx.MODEL_DIR}/model-00023-of-000064.safetensors")
     elif case == "missing_config":
         sh(f"mv {sbx.MODEL_DIR}/config.json /root/config.json")
     elif case == "bad_drafter":
@@ -109,6 +116,7 @@ def test_03_preflight_failure_changes_nothing(case):
         sbx.set_knobs(H, gpus={})
         sh(f"test -f /root/shard17 && mv /root/shard17 {sbx.MODEL_DIR}/model-00017-of-000064.safetensors; true")
         sh(f"test -f /root/config.json && mv /root/config.json {sbx.MODEL_DIR}/config.json; true")
+        sh(f"test -f /root/shard23 && mv /root/shard23 {sbx.MODEL_DIR}/model-00023-of-000064.safetensors; true")
     assert r.returncode == 3, r.stdout + r.stderr
     expect = PREFLIGHT_CASES[case]
     assert expect in " ".join(r.stderr.split()), r.stderr

@@ -24,9 +24,11 @@ def clone(tmp_path_factory):
     return d
 
 
-def verify(clone, tmp_path, platform="cpu", **load):
+def verify(clone, tmp_path, platform="cpu", drafter_config=None, **load):
     write_model_dir(tmp_path / "model", shards=2)
     write_drafter_dir(tmp_path / "drafter")
+    if drafter_config:
+        (tmp_path / "drafter" / "config.json").write_text(json.dumps(drafter_config))
     argv = build_serve_argv(dict(launcher=[str(clone / "bin/vllm")], model=str(tmp_path / "model"),
                                  served_model_name="kimi-k2.5", port=8000, tensor_parallel_size=8,
                                  gpu_memory_utilization=0.9, max_model_len=131072,
@@ -65,4 +67,13 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
                                                    "DeepseekV2ForCausalLM": True}
     assert checks["config_validation"]["detail"]["speculative_method"] == "eagle3"
     assert checks["config_validation"]["detail"]["text_model_type"] == "deepseek_v3"
+    # a drafter of an architecture vLLM has no EAGLE-3 head for (a Qwen drafter shipped by mistake): vLLM's own
+    # config validation refuses it before any restart (exit 4), instead of failing after the target's weights
+    # loaded.  A name rule in the deployer would be wrong: EAGLE-3 checkpoints that say "LlamaForCausalLM" are
+    # valid (vLLM prefixes "Eagle3"), which this run also confirmed on 0.16.0.
+    from deployer.sandbox.hosts import drafter_config
+    rc, checks = verify(clone, tmp_path / "qwen", drafter_config=dict(
+        drafter_config(), architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
+    assert rc == 1 and not checks["config_validation"]["ok"]
+    assert "Model architectures ['Eagle3Qwen2ForCausalLM'] are not supported" in checks["config_validation"]["error"]
     pe.revert(root)
