@@ -297,6 +297,12 @@ def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, en
         reasons.append(f"live release {state.get('current')}, planned {expected['id']}")
     if the_plan.get("drafter") and not probe.get("drafter_complete"):
         reasons.append("the drafter is not in the store")
+    if the_plan.get("drafter") and probe.get("drafter_changed"):
+        reasons.append("the drafter changed on the host after it was shipped: " + ", ".join(probe["drafter_changed"]))
+    edited = [n for n in probe.get("live_edited") or []     # the unit and env file are compared with the plan below
+              if n not in ("vllm.env", f"{the_plan.get('service')}.service")]
+    if edited:
+        reasons.append("the live release's files were edited after they were rendered: " + ", ".join(edited))
     if not unit_sha256 or {state.get("unit_sha256"), probe.get("live_unit_sha256")} != {unit_sha256}:
         reasons.append("the unit systemd runs differs from the planned one")
     if not env_sha256 or probe.get("live_env_sha256") != env_sha256:

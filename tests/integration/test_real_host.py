@@ -209,6 +209,51 @@ def test_06_noop_reads_the_host_once_and_still_proves_the_truth():
     assert r.returncode == 0 and sh(H, f"systemctl is-active {SVC}") == "active", r.stdout + r.stderr
 
 
+def test_06b_tampering_on_the_host_is_found_and_repaired_or_refused():
+    """Guards (issue #12, tampering and rot): a drafter file changed after shipping is seen by the no-op (size and
+    mtime, no hashing) and re-shipped by checksum without a restart; rot that keeps size and mtime is caught by the
+    checksum of the next deploy that is not a no-op; an edited argv.json of the live release is not trusted by the
+    no-op and is rendered again; a rollback target edited by hand is refused, not started as it is."""
+    assert up().returncode == 0
+    pid = main_pid(H)
+    d = json.loads(sh(H, "cat /opt/deployer/current/release.json"))["drafter_dir"]
+    f = f"{d}/model.safetensors"
+    good = sh(H, f"sha256sum {f}").split()[0]
+    sh(H, f"printf X | dd of={f} bs=1 seek=4096 conv=notrunc status=none")
+    r = up("--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("the drafter changed on the host after it was shipped: model.safetensors (modified after it was shipped)"
+            in events(r)[-1]["hosts"][H]["noop_reasons"]), r.stdout
+    assert f"drafter {d}: model.safetensors differ from the sha256 it was shipped with" in flat(r.stdout), r.stdout
+    assert sh(H, f"sha256sum {f}").split()[0] == good and main_pid(H) == pid       # repaired, not restarted
+    r = up("--json")
+    assert r.returncode == 0 and events(r)[-1]["hosts"][H]["noop_checked"], r.stdout + r.stderr   # a no-op again
+    # rot that keeps the size and the mtime: the no-op does not hash (by design); the next real deploy does
+    sh(H, f"cp -p {f} /root/keep && printf Y | dd of={f} bs=1 seek=8 conv=notrunc status=none && touch -r /root/keep {f}")
+    r = up("-e", "deployer_gpu_memory_utilization=0.874")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"drafter {d}: model.safetensors differ from the sha256" in flat(r.stderr), r.stderr
+    assert sh(H, f"sha256sum {f}").split()[0] == good
+    # the live release's argv.json edited by hand: named by the no-op, rendered again by the deploy
+    sh(H, "sed -i 's/0.874/0.99/' /opt/deployer/current/argv.json")
+    r = up("--json", "-e", "deployer_gpu_memory_utilization=0.874")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("the live release's files were edited after they were rendered: argv.json"
+            in events(r)[-1]["hosts"][H]["noop_reasons"]), r.stdout
+    assert "0.99" not in sh(H, "cat /opt/deployer/current/argv.json")
+    assert sh(H, "cd /opt/deployer/current && sha256sum --quiet -c .deployer-sha256sums && echo intact") == "intact"
+    # a rollback target whose unit was edited by hand is refused, naming the file; nothing restarts
+    prev, pid = sh(H, "readlink /opt/deployer/previous"), main_pid(H)
+    sh(H, f"echo '# edited' >> {prev}/{SVC}.service")
+    try:
+        r = deployer("rollback", "--sandbox")
+    finally:
+        sh(H, f"sed -i '$d' {prev}/{SVC}.service")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"was changed on the host after it was deployed ({SVC}.service)" in flat(r.stderr), r.stderr
+    assert main_pid(H) == pid
+
+
 def test_07_a_verified_launch_is_not_verified_again():
     r = up("-e", "deployer_max_model_len=16384")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -150,6 +150,51 @@ def _sha256_file(path):
         return None
 
 
+SUMS = ".deployer-sha256sums"     # a release's own files as rendered (written by the render role, `sha256sum`)
+
+
+def edited_files(release_dir):
+    """Names of the release's files that differ from what was rendered (its SUMS file), e.g. an ``argv.json``
+    or unit edited by hand: never silently trusted.  [] when the release has no SUMS record (older releases)."""
+    try:
+        with open(os.path.join(release_dir, SUMS)) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    bad = []
+    for line in lines:
+        sha, _, name = line.partition("  ")
+        if name and _sha256_file(os.path.join(release_dir, name)) != sha:
+            bad.append(name)
+    return bad
+
+
+def drafter_changed(drafter_dir):
+    """The drafter's files that changed after they were shipped, cheaply (no hashing): missing, another size
+    than the manifest the drafter role wrote (``.deployer-complete``), or modified after it.  The drafter role
+    re-checks every sha256 on each deploy that is not a no-op (and re-ships what differs)."""
+    marker = os.path.join(drafter_dir or "", ".deployer-complete")
+    try:
+        with open(marker) as f:
+            manifest = json.load(f)
+        done = os.stat(marker).st_mtime_ns
+    except (OSError, ValueError):
+        return []
+    out = []
+    for item in manifest.get("files") or []:
+        path = os.path.join(drafter_dir, item.get("path", ""))
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append("%s (missing)" % item.get("path"))
+            continue
+        if st.st_size != item.get("size"):
+            out.append("%s (%d bytes, shipped %s)" % (item.get("path"), st.st_size, item.get("size")))
+        elif st.st_mtime_ns > done:
+            out.append("%s (modified after it was shipped)" % item.get("path"))
+    return out
+
+
 def release_needs(manifest):
     """Files a release needs to run without reinstalling anything (venv and drafter completion markers)."""
     need = []
@@ -297,6 +342,8 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None):
                  "last_fatal": _last_fatal(service)}
     return dict(extra, **{"venv": _venv_state(venv) if venv else None,
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
+            "drafter_changed": drafter_changed(drafter_dir) if drafter_dir else [],
+            "live_edited": edited_files(cur),
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
             "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
             "files_sha256": dict((f, _sha256_file(f)) for f in files or []),
@@ -349,10 +396,12 @@ def host_state(root, service, target=None, want_secrets=False):
            "unit_sha256": _sha256_file("/etc/systemd/system/%s.service" % service)}
     if target is not None:
         tid = target or previous
-        t = {"id": tid, "found": False, "missing": [], "dir": os.path.join(rels_dir, tid) if tid else None}
+        t = {"id": tid, "found": False, "missing": [], "edited": [], "dir": os.path.join(rels_dir, tid) if tid else None}
         if tid and os.path.isfile(os.path.join(rels_dir, tid, "release.json")):
             m = read_release(t["dir"])
-            t.update(found=True, manifest=m, missing=[p for p in release_needs(m) if not os.path.exists(p)])
+            t.update(found=True, manifest=m, missing=[p for p in release_needs(m) if not os.path.exists(p)],
+                     edited=edited_files(t["dir"]) + ["drafter %s/%s" % (m["drafter_dir"], x)
+                                                      for x in drafter_changed(m.get("drafter_dir"))])
             if want_secrets:
                 try:
                     with open(os.path.join(t["dir"], "vllm.env")) as f:
