@@ -165,6 +165,39 @@ def test_04b_a_disk_that_fills_up_during_the_drafter_copy_gets_its_space_back(tm
         sh(H, "umount -l /opt/deployer/drafters; rm -rf /root/drafters.keep", check=False)
 
 
+def test_04c_a_disk_that_fills_up_during_the_vllm_install_gets_its_space_back():
+    """Issue #12, disk full during the install.  /opt/deployer/venvs is a small filesystem of its own (a tmpfs; the
+    live venv stays visible in it through a bind mount).  The preflight is told the new venv needs little
+    (``preflight_venv_disk_gib``: as if it had counted wrong, or something else filled the disk on the way), so
+    uv runs out of space.  Guards: the failure names the filesystem and what is free; the half-installed venv is
+    removed at once (space given back, never used); the live release keeps serving, not restarted."""
+    assert up(*FAST).returncode == 0
+    live = venv()
+    name = live.rsplit("/", 1)[1]
+    before = (sh(H, f"systemctl show -p InvocationID --value {SVC}"), sh(H, "readlink /opt/deployer/current"))
+    sh(H, "mkdir -p /root/venvs.real && mount --bind /opt/deployer/venvs /root/venvs.real && "
+          "mount -t tmpfs -o size=48m,mode=0755 tmpfs /opt/deployer/venvs && "
+          f"mkdir /opt/deployer/venvs/{name} && mount --bind /root/venvs.real/{name} /opt/deployer/venvs/{name}")
+    try:
+        free = int(sh(H, "df -B1 --output=avail /opt/deployer/venvs | tail -1"))
+        r = up("-e", "deployer_vllm_version=0.18.0", "-e", "preflight_venv_disk_gib=0", *FAST)
+        assert r.returncode == 1, r.stdout + r.stderr
+        err = flat(r.stderr)
+        assert ("install: no space left on the filesystem of /opt/deployer/venvs while installing vllm==0.18.0 (the "
+                "preflight asked for 0 GiB there: preflight_venv_disk_gib);") in err, err
+        assert re.search(r"\d+ bytes are free now; the partial venv /opt/deployer/venvs/vllm-0\.18\.0\S* was removed and "
+                         r"nothing uses it", err), err
+        assert sh(H, "ls /opt/deployer/venvs") == name                               # nothing half-done left
+        assert int(sh(H, "df -B1 --output=avail /opt/deployer/venvs | tail -1")) == free   # space given back
+        assert (sh(H, f"systemctl show -p InvocationID --value {SVC}"), sh(H, "readlink /opt/deployer/current")) \
+            == before
+        assert sh(H, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
+    finally:
+        sh(H, f"umount /opt/deployer/venvs/{name}; umount -l /opt/deployer/venvs; umount /root/venvs.real; "
+              "rmdir /root/venvs.real", check=False)
+    assert sh(H, f"test -f {live}/.deployer-installed && echo ok") == "ok"
+
+
 def test_05_unused_venvs_and_drafters_are_collected_with_the_releases():
     live_venv = manifest()["venv"]
     assert live_venv == venv()
