@@ -110,3 +110,45 @@ def test_killed_in_a_stage_then_the_same_up_finishes_the_job(role, args):
     assert sh(H, "ls -d /opt/deployer/.lock* 2>/dev/null || true") == ""
     assert sh(H, "ls -a /opt/deployer/drafters | grep -c '^.incoming-' || true") == "0"
     print(f"killed in {role}: the rerun finished the job in {took:.1f} s")
+
+
+def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_job(tmp_path):
+    """The other stages, one run each, every rerun killed in the next stage: drafter copy (a new drafter), render
+    (after argv.json, before the manifest), verify (vLLM's own checks running), smoke (the new server up, `current`
+    not moved).  Each rerun takes over the lock the run before it left; the last one finishes.  Guards: nothing
+    a killed run left half-done (staging directory, a release directory without its manifest, an unverified
+    launch) is used as it is; the end state is exactly a clean deploy's."""
+    import shutil
+
+    from deployer.sandbox import hosts as sb
+    src = tmp_path / "drafter"
+    shutil.copytree(sb.STATE / "drafter", src)
+    (src / "model.safetensors").write_bytes(os.urandom(1 << 20))            # a new drafter: it must be shipped
+    args = ["-e", f"deployer_drafter_src_dir={src}", "-e", "deployer_gpu_memory_utilization=0.874"]
+    stages = [("drafter", "Ensure the staging directory exists", None), ("render", "Write the launch argv", None),
+              ("verify", "Ship the verifier", "pgrep -f '[v]llm_verify' || true"),     # vLLM's own checks running
+              ("smoke", "Read the spec-decode counters before", None)]
+    t0 = time.time()
+    for i, (role, task, until) in enumerate(stages):
+        seen = kill_during(role, args, task=task, until=until)
+        if i:   # the run before this one was killed: this one took its lock over
+            assert any("took over a stale lock of" in json.dumps(e) for e in seen), (role, seen[-8:])
+        assert sh(H, "test -d /opt/deployer/.lock && echo held || true") == "held", role
+    r = up(*args)
+    took = time.time() - t0
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "took over a stale lock of" in flat(r.stderr), r.stderr
+    rel = sh(H, "readlink -f /opt/deployer/current")
+    argv = json.loads(sh(H, f"cat {rel}/argv.json"))
+    assert "0.874" in " ".join(argv) and health() == "200"
+    assert sh(H, f"cmp -s /etc/systemd/system/{SVC}.service {rel}/{SVC}.service && echo same", check=False) == "same"
+    assert sh(H, f"cd {rel} && sha256sum --quiet -c .deployer-sha256sums && test -s release.json && echo whole") == \
+        "whole"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert sh(H, f"test -f {spec['model']}/.deployer-complete && echo complete") == "complete"
+    from deployer.drafter import tree_manifest
+    assert spec["model"].endswith(tree_manifest(src)["tree_sha256"][:16])
+    assert sh(H, "ls -d /opt/deployer/.lock* 2>/dev/null || true") == ""
+    assert sh(H, "ls -a /opt/deployer/drafters | grep -c '^.incoming-' || true") == "0"
+    assert sh(H, "for d in /opt/deployer/releases/*/; do test -f $d/release.json || echo $d; done") == ""
+    print(f"killed in 4 stages in turn, then finished: {took:.1f} s in all")
