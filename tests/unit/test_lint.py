@@ -45,7 +45,7 @@ def test_validate_modules(tmp_path):
             text = f.read_text()
             # ansible.module_utils.<ours> is how ansible.cfg's module_utils path is imported; in a collection
             # the same code is ansible_collections.<ns>.<name>.plugins.module_utils.<ours>
-            text = re.sub(r"from ansible\.module_utils\.(?!basic\b)(\w+) import",
+            text = re.sub(r"from ansible\.module_utils\.(?!basic\b|urls\b)(\w+) import",
                           r"from ansible_collections.deployer.tools.plugins.module_utils.\1 import", text)
             (dst / f.name).write_text(text)
     (col / "galaxy.yml").write_text("namespace: deployer\nname: tools\nversion: 0.1.0\nreadme: README.md\n"

@@ -1,0 +1,134 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: smoke_request
+short_description: One chat completion between two reads of the server's /metrics, in one round trip
+description:
+  - Reads C(/metrics), sends one chat completion to C(/v1/chat/completions), reads C(/metrics) again, and
+    returns all three, so the caller can prove the server answers and compute what the request did to the
+    speculative-decoding counters.  The three requests used to be three C(uri) tasks (three round trips).
+  - Never fails on an HTTP status, the caller judges it (the chat's status and body are returned).
+options:
+  port:
+    description: The server's port on 127.0.0.1.
+    type: int
+    required: true
+  model:
+    description: The served model name.
+    type: str
+    required: true
+  prompt:
+    description: The user message.
+    type: str
+    required: true
+  max_tokens:
+    description: Tokens to generate.
+    type: int
+    default: 32
+  api_key:
+    description: Bearer token for the API (empty = none).
+    type: str
+    default: ""
+  timeout_seconds:
+    description: Per request.
+    type: int
+    default: 60
+attributes:
+  check_mode:
+    support: full
+    description: The same requests (they change nothing on the host but the server's counters).
+  diff_mode:
+    support: none
+    description: Returns no diff.
+author:
+  - deployer maintainers (@deployer)
+"""
+
+EXAMPLES = r"""
+- name: Smoke test.
+  smoke_request:
+    port: 8000
+    model: kimi-k2.5
+    prompt: Say hello.
+  register: smoke
+"""
+
+RETURN = r"""
+status:
+  description: HTTP status of the chat completion (0 when there was no answer).
+  returned: always
+  type: int
+json:
+  description: The chat completion's JSON body (empty when it was not JSON).
+  returned: always
+  type: dict
+error:
+  description: Why there was no answer, or the body's start when it was not JSON.
+  returned: always
+  type: str
+metrics_before:
+  description: The /metrics text before the request.
+  returned: always
+  type: str
+metrics_after:
+  description: The /metrics text after it.
+  returned: always
+  type: str
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+
+def _get(url, timeout):
+    try:
+        return open_url(url, timeout=timeout).read().decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - the caller judges a missing /metrics
+        return ""
+
+
+def main():
+    m = AnsibleModule(argument_spec=dict(
+        port=dict(type="int", required=True),
+        model=dict(type="str", required=True),
+        prompt=dict(type="str", required=True),
+        max_tokens=dict(type="int", default=32, no_log=False),   # a count of tokens, not a secret
+        api_key=dict(type="str", default="", no_log=True),
+        timeout_seconds=dict(type="int", default=60),
+    ), supports_check_mode=True)
+    p = m.params
+    base = "http://127.0.0.1:%d" % p["port"]
+    before = _get(base + "/metrics", p["timeout_seconds"])
+    body = json.dumps({"model": p["model"], "messages": [{"role": "user", "content": p["prompt"]}],
+                       "max_tokens": p["max_tokens"], "temperature": 0})
+    headers = {"Content-Type": "application/json"}
+    if p["api_key"]:
+        headers["Authorization"] = "Bearer " + p["api_key"]
+    status, text, error = 0, "", ""
+    try:
+        r = open_url(base + "/v1/chat/completions", data=body, headers=headers, method="POST",
+                     timeout=p["timeout_seconds"])
+        status, text = r.getcode(), r.read().decode("utf-8", "replace")
+    except Exception as e:  # noqa: BLE001 - an HTTPError carries the status and body; anything else is no answer
+        status = getattr(e, "code", 0) or 0
+        try:
+            text = e.read().decode("utf-8", "replace") if hasattr(e, "read") else ""
+        except Exception:  # noqa: BLE001
+            text = ""
+        error = "" if status else str(e)
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        data, error = {}, error or text[:300]
+    after = _get(base + "/metrics", p["timeout_seconds"])
+    m.exit_json(changed=False, status=status, json=data if isinstance(data, dict) else {}, error=error,
+                metrics_before=before, metrics_after=after)
+
+
+if __name__ == "__main__":
+    main()
