@@ -36,7 +36,7 @@ def kill_during(role, args, task="", until=None, timeout=600):
     p = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "--json", *args],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
                          start_new_session=True)
-    seen, t0 = [], time.time()
+    seen, t0, killed = [], time.time(), False
     try:
         for line in p.stdout:
             if line.startswith("{"):
@@ -49,6 +49,7 @@ def kill_during(role, args, task="", until=None, timeout=600):
                             break
                         time.sleep(0.1)
                     os.killpg(p.pid, signal.SIGKILL)
+                    killed = True
                     break
             if time.time() - t0 > timeout:
                 break
@@ -59,6 +60,7 @@ def kill_during(role, args, task="", until=None, timeout=600):
             pass
         p.wait(30)
     assert any(e.get("role") == role for e in seen), f"stage {role} never ran: {seen[-5:]}"
+    assert killed, f"no task of {role} starting with {task!r} ran (renamed?): the run was not killed"
     return seen
 
 
@@ -127,7 +129,7 @@ def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_jo
     args = ["-e", f"deployer_drafter_src_dir={src}", "-e", "deployer_gpu_memory_utilization=0.874"]
     stages = [("drafter", "Ensure the staging directory exists", None), ("render", "Write the launch argv", None),
               ("verify", "Ship the verifier", "pgrep -f '[v]llm_verify' || true"),     # vLLM's own checks running
-              ("smoke", "Read the spec-decode counters before", None)]
+              ("smoke", "Ask for one chat completion", None)]
     t0 = time.time()
     for i, (role, task, until) in enumerate(stages):
         seen = kill_during(role, args, task=task, until=until)
