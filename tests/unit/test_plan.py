@@ -90,7 +90,7 @@ def _live(**over):
                                                           "fingerprint": "fp1", "patches": ["P1"]}}})
     state = {"lock": None, "current": exp["id"], "unit_sha256": "u", "probe": {
         "venv": {"installed": True, "state": "patched", "fingerprint": "fp1", "patches": ["P1"]},
-        "drafter_complete": True, "live_env_sha256": "e", "live_unit_sha256": "u", "health": 200,
+        "drafter_complete": True, "drafter_changed": [], "live_edited": [], "live_env_sha256": "e", "live_unit_sha256": "u", "health": 200,
         "files_sha256": {p["unit"]["line_splitter"]: planmod.line_splitter_sha256()},
         "unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "no"}}}
     for k, v in over.items():
@@ -122,6 +122,9 @@ def test_noop_when_everything_matches():
     ({"venv": {"installed": False}}, "u", "e", "is not installed"),
     ({"venv": {"installed": True, "state": "error", "error": "drift: x.py"}}, "u", "e", "drift: x.py"),
     ({"venv": {"installed": True, "state": "unpatched"}}, "u", "e", "EAGLE-3 patches not applied (unpatched)"),
+    ({"drafter_changed": ["model.safetensors (modified after it was shipped)"]}, "u", "e",
+     "the drafter changed on the host after it was shipped: model.safetensors (modified after it was shipped)"),
+    ({"live_edited": ["argv.json"]}, "u", "e", "the live release's files were edited after they were rendered: argv.json"),
 ])
 def test_anything_that_differs_runs_the_full_deploy(over, unit, env, reason):
     # guards: a no-op is decided on the host's truth; each difference is named
@@ -134,3 +137,10 @@ def test_a_changed_patch_fingerprint_is_a_different_release():
     p, st = _live(venv={"installed": True, "state": "patched", "fingerprint": "fp2", "patches": ["P1"]})
     got = planmod.noop_check(planmod.expected_release(p, st), st, p, "u", "e")
     assert not got["noop"] and any("planned" in r for r in got["reasons"])
+
+
+def test_an_edited_env_file_or_unit_is_named_once_not_twice():
+    """The unit and env file are compared with the plan; the release's own record must not name them again."""
+    p, st = _live(live_edited=["vllm.env"])
+    got = planmod.noop_check(planmod.expected_release(p, st), st, p, "u", "e")
+    assert got["noop"] and got["reasons"] == []

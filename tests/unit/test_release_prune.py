@@ -56,3 +56,40 @@ def test_flip_record_and_prune_on_a_real_directory(tmp_path):
     assert removed == ["r0", "r1"] and kept == ["r2", "r3"]
     assert sorted(os.path.basename(c) for c in collected) == [".trash-x", "old"]
     assert sorted(os.listdir(root / "venvs")) == ["v0", "v1"]
+
+
+def test_release_files_edited_after_render_and_drafter_files_changed_after_shipping(tmp_path):
+    """Guards the tamper checks of the no-op probe and the rollback (module_utils/releases.py)."""
+    import hashlib
+    import json
+    import os
+
+    from deployer.ansible_plugins.module_utils.releases import drafter_changed, edited_files
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    for name, text in (("argv.json", '["vllm", "serve"]\n'), ("vllm.env", "A=1\n"), ("x.service", "[Unit]\n")):
+        (rel / name).write_text(text)
+    (rel / ".deployer-sha256sums").write_text("".join(
+        f"{hashlib.sha256((rel / n).read_bytes()).hexdigest()}  {n}\n" for n in ("argv.json", "vllm.env", "x.service")))
+    assert edited_files(str(rel)) == []
+    (rel / "argv.json").write_text('["vllm", "serve", "--evil"]\n')
+    (rel / "x.service").unlink()
+    assert edited_files(str(rel)) == ["argv.json", "x.service"]
+    assert edited_files(str(tmp_path)) == []          # a release from before the record: nothing to compare
+
+    d = tmp_path / "drafter"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(b"w" * 100)
+    (d / ".deployer-complete").write_text(json.dumps({"files": [{"path": "config.json", "size": 2},
+                                                                 {"path": "model.safetensors", "size": 100}]}))
+    done = os.stat(d / ".deployer-complete").st_mtime_ns
+    for f in ("config.json", "model.safetensors"):
+        os.utime(d / f, ns=(done - 10**9, done - 10**9))
+    assert drafter_changed(str(d)) == []
+    os.utime(d / "model.safetensors", ns=(done + 10**9, done + 10**9))     # rewritten in place after shipping
+    assert drafter_changed(str(d)) == ["model.safetensors (modified after it was shipped)"]
+    (d / "model.safetensors").write_bytes(b"w" * 50)
+    (d / "config.json").unlink()
+    assert drafter_changed(str(d)) == ["config.json (missing)", "model.safetensors (50 bytes, shipped 100)"]
+    assert drafter_changed(str(tmp_path / "none")) == [] and drafter_changed("") == []
