@@ -55,11 +55,13 @@ def test_the_engine_killed_by_a_signal_ends_the_wrapper_by_the_same_signal():
 
 
 def test_sigterm_to_the_wrapper_reaches_the_engine_which_decides_how_to_end():
-    code = ("import signal, sys, time\n"
+    # os.write, not print: a SIGTERM that lands while print('ready') still holds stdout's buffer lock would make the
+    # handler's print raise "reentrant call inside <_io.BufferedWriter name='<stdout>'>" (seen once in CI)
+    code = ("import os, signal, sys, time\n"
             "def bye(*a):\n"
-            "    print('engine got SIGTERM, shutting down', flush=True); sys.exit(7)\n"
+            "    os.write(1, b'engine got SIGTERM, shutting down\\n'); sys.exit(7)\n"
             "signal.signal(signal.SIGTERM, bye)\n"
-            "print('ready', flush=True)\n"
+            "os.write(1, b'ready\\n')\n"
             "time.sleep(60)\n")
     p = wrap(code)
     assert p.stdout.readline() == b"ready\n"
