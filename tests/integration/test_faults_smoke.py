@@ -126,6 +126,9 @@ def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rol
         assert r.returncode == 0, r.stdout + r.stderr
         assert "rolling back (crash loop): sbx1" in flat(r.stdout), r.stdout
         assert sh(H, "basename $(readlink /opt/deployer/current)") == live != looping and health() == "200"
+        # the restart count begins again at the rollback's start (systemd keeps it when the unit is restarted
+        # out of auto-restart: CI once saw status call the restored host crash-looping with NRestarts=2)
+        assert sh(H, f"systemctl show -p NRestarts --value {SVC}") == "0"
         r = deployer("status", "--sandbox", "--json", *loop)
         assert r.returncode == 0 and json.loads(r.stdout)[H]["crash_loop"] is False, r.stdout
     finally:

@@ -10,6 +10,8 @@ description:
   - Copies the release's unit file to I(unit_path) when it differs (atomic rename) and reloads systemd.
   - Restarts the server when the unit changed or the server is down (crash-looping in C(auto-restart), or
     C(failed)); starts it when it is merely stopped; enables it.  Otherwise changes nothing.
+  - After a (re)start zeroes systemd's count of automatic restarts (C(systemctl reset-failed)), so a crash loop
+    is counted from this start on, also when the old server was restarted out of C(auto-restart).
   - Just before a restart asks the old server's C(/health) on I(port) one last time and returns when
     (C(old_server)), so the downtime is measured from the old server's last answer.
 options:
@@ -118,6 +120,11 @@ def main():
         m.run_command(["systemctl", "restart", p["service"]], check_rc=True)
     elif start:
         m.run_command(["systemctl", "start", p["service"]], check_rc=True)
+    if restart or start:
+        # A start on purpose begins a new count of systemd's automatic restarts (NRestarts, what `status`
+        # calls a crash loop).  systemd does not zero it when the unit was restarted out of C(auto-restart)
+        # (measured on systemd 252); reset-failed does.
+        m.run_command(["systemctl", "reset-failed", p["service"]], check_rc=True)
     if enable:
         m.run_command(["systemctl", "enable", p["service"]], check_rc=True)
     m.exit_json(**res)
