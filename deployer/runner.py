@@ -5,7 +5,9 @@ The CLI never executes tasks itself: Ansible does, exactly as plain ``ansible-pl
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ class Result:
     unreachable: list[str] = field(default_factory=list)
     facts: dict = field(default_factory=dict)   # host -> {name: value} from debug/set_fact we care about
     stats: dict = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)   # ansible-playbook's own [ERROR] text (e.g. a broken playbook)
 
     def processed(self) -> set:
         return set((self.stats or {}).get("processed", {}) or {})
@@ -74,6 +77,7 @@ class Result:
 # The playbooks' documented results (docs/design.md): the CLI reads nothing else of a run.
 WATCHED_FACTS = ("deployer_result", "deployer_status")
 HIDDEN = "(output hidden: it may contain a secret)"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Collector:
@@ -85,10 +89,18 @@ class Collector:
         self.unreachable: list[str] = []
         self.facts: dict = {}
         self.stats: dict = {}
+        self.errors: list[str] = []
 
     def __call__(self, ev: dict) -> None:
         data = ev.get("event_data", {})
         kind = ev.get("event")
+        if kind in ("verbose", "error") and (ev.get("stdout") or "").strip():
+            # ansible-playbook's own error before any host ran (a playbook or inventory it cannot read): the
+            # [ERROR] line and the lines that explain it (file, line, column)
+            text = ANSI.sub("", ev["stdout"]).rstrip()
+            if text.startswith(("[ERROR]", "ERROR!")) or (self.errors and len(self.errors) < 8 and text.strip()):
+                self.errors.append(text)
+            return
         host = data.get("host", "?")
         res = data.get("res", {}) or {}
         if kind == "runner_on_failed" and not data.get("ignore_errors"):
@@ -123,7 +135,26 @@ class Collector:
 
     def result(self, rc: int, status: str) -> Result:
         return Result(rc=rc, status=status, failures=self.failures, unreachable=self.unreachable,
-                      facts=self.facts, stats=self.stats)
+                      facts=self.facts, stats=self.stats, errors=self.errors)
+
+
+def _trace_writer():
+    """DEPLOYER_TRACE_FILE=path: append one JSON line per finished task and host (task, host, start, end,
+    duration seconds, status) - what bench/profile.py turns into where-the-seconds-go tables."""
+    path = os.environ.get("DEPLOYER_TRACE_FILE")
+    if not path:
+        return None
+
+    def write(ev: dict):
+        kind = ev.get("event", "")
+        if not kind.startswith("runner_on_") or kind in ("runner_on_start",):
+            return
+        d = ev.get("event_data") or {}
+        line = {"task": d.get("task"), "role": d.get("role"), "host": d.get("host"), "status": kind[10:],
+                "start": d.get("start"), "end": d.get("end"), "duration": d.get("duration")}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+    return write
 
 
 def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str | None = None,
@@ -135,10 +166,14 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
     os.chmod(pdd, 0o700)  # extravars (may hold secrets) are written here by ansible-runner
     collect = Collector()
 
+    trace = _trace_writer()
+
     def handler(ev: dict) -> bool:
         collect(ev)
         if on_event:
             on_event(ev)
+        if trace:
+            trace(ev)
         return False  # do not keep event files
 
     cmdline = []

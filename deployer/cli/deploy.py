@@ -54,7 +54,8 @@ def report(res: runner.Result, as_json: bool, what: str) -> int:
     if as_json:
         sys.stdout.write(json.dumps({"event": "result", "command": what, "ok": code == Exit.OK, "exit_code": int(code),
                                      "failures": [f.__dict__ for f in res.failures], "hosts": results,
-                                     "processed": sorted(res.processed())}, default=str) + "\n")
+                                     "processed": sorted(res.processed()), "errors": res.errors},
+                                    default=str) + "\n")
         return int(code)
     for f in res.failures:
         err.print(f"[bold red]{f.host}: {f.role or 'play'} / {f.task}[/]", highlight=False)
@@ -66,7 +67,10 @@ def report(res: runner.Result, as_json: bool, what: str) -> int:
             acc = (f"; EAGLE-3 acceptance rate {r['acceptance_rate']}, mean acceptance length "
                    f"{r.get('mean_acceptance_length')}") if r.get("acceptance_rate") is not None else ""
             out.print(f"[bold green]{h}[/]: release {r.get('release') or '?'} {state}{acc}")
-    if not res.processed():
+    if not res.processed() and res.errors:
+        err.print("[bold red]ansible-playbook refused to run[/] (nothing was changed):", highlight=False)
+        err.out("\n".join(res.errors), highlight=False)
+    elif not res.processed():
         err.print("[bold red]no host matched[/] (check the inventory, the 'gpu' group and --limit)")
     if code != Exit.OK:
         err.print(f"[bold red]{what} failed[/] (exit {int(code)}: {code.name.lower()})")

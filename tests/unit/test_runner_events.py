@@ -61,3 +61,20 @@ def test_exit_code_comes_from_the_playbooks_result():
     assert run("verify").exit_code() == runner.Exit.VERIFY
     assert run("ok", "preflight", "failed").exit_code() == runner.Exit.FAILED   # the worst class wins
     assert run("locked").exit_code() == runner.Exit.LOCKED
+
+
+def test_ansible_playbooks_own_error_is_kept_not_reported_as_no_host_matched():
+    """A playbook or inventory ansible-playbook cannot read: no host runs, and the CLI says why (the [ERROR] block
+    with file, line and column) instead of "no host matched".  Seen when a task name held ': '."""
+    red = "\x1b[0;31m{}\x1b[0m".format
+    c = runner.Collector()
+    for line in ["[WARNING]: something unrelated", "[ERROR]: YAML parsing failed: Colons in unquoted values must be "
+                 "followed by a non-space character.", "Origin: /repo/playbooks/up.yml:119:49", "",
+                 "119         - name: Wait (refused: nothing)", "", "For example:", "    raw: x", "", "Should be:",
+                 "    raw: y"]:
+        c({"event": "verbose", "stdout": red(line)})
+    r = c.result(rc=4, status="failed")
+    assert r.errors[0].startswith("[ERROR]: YAML parsing failed") and "Origin: /repo/playbooks/up.yml:119:49" in r.errors
+    assert r.errors[2:] == ["119         - name: Wait (refused: nothing)", "For example:", "    raw: x", "Should be:",
+                            "    raw: y"]   # blank lines dropped, colour codes stripped, the warning before not kept
+    assert r.exit_code() == runner.Exit.USAGE     # nothing ran, nothing changed
