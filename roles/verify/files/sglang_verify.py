@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
     ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu", help="accepted for the role's sake; "
                     "SGLang resolves with the device forced to cuda")
+    ap.add_argument("--drafter-dir", help="read the drafter's config.json from here instead of the argv's path "
+                    "(its config shipped ahead of the weights: the checks run while the weights are copied)")
     a = ap.parse_args()
     with open(a.argv_json) as f:
         argv = json.load(f)
@@ -40,6 +42,9 @@ def main():
     serve_argv = [w.replace(CREDENTIALS_TOKEN, tmp, 1) if w.startswith(CREDENTIALS_TOKEN + "/") else w
                   for w in serve_argv]
     report = {"checks": [], "ok": True, "platform": "cuda (forced; no GPU touched)"}
+    if a.drafter_dir and "--speculative-draft-model-path" in serve_argv:
+        serve_argv[serve_argv.index("--speculative-draft-model-path") + 1] = a.drafter_dir
+        report["drafter_config_from"] = a.drafter_dir
     state = {}
 
     def check(name, fn):

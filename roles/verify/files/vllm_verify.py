@@ -27,15 +27,21 @@ def main():
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
     ap.add_argument("--skip-config", action="store_true")
     ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu")
+    ap.add_argument("--drafter-dir", help="read the drafter's config.json from here instead of the argv's path "
+                    "(its config shipped ahead of the weights: the checks run while the weights are copied)")
     a = ap.parse_args()
     with open(a.argv_json) as f:
         argv = json.load(f)
     serve_at = argv.index("serve")
     serve_argv = argv[serve_at:]
     spec = None
-    if "--speculative-config" in serve_argv:
-        spec = json.loads(serve_argv[serve_argv.index("--speculative-config") + 1])
     report = {"checks": [], "ok": True}
+    if "--speculative-config" in serve_argv:
+        at = serve_argv.index("--speculative-config") + 1
+        spec = json.loads(serve_argv[at])
+        if a.drafter_dir and spec.get("model"):
+            report["drafter_config_from"] = a.drafter_dir
+            serve_argv[at] = json.dumps(dict(spec, model=a.drafter_dir))
 
     def check(name, fn):
         t0 = time.time()
