@@ -46,12 +46,18 @@ def best(fn, runs):
 
 
 def excluded(events):
-    """Seconds the goals exclude, per host, the longest host: the load (watch) and vLLM's checks (verify),
-    the vLLM install.  Stages run in parallel across hosts, so the longest host's sum is what the wall saw."""
+    """Seconds the goals exclude, the longest host: the vLLM install and the load (their stages' seconds) and vLLM's
+    own checks - the verifier's own run (deployer_result.verify_seconds), not the verify stages: the checks run
+    while the drafter is copied, so what is left of those stages (starting the checks, waiting on a copy that
+    outlasted them) is the deployer's overhead.  Stages run in parallel across hosts: the longest host's sum is
+    what the wall saw."""
     per = {}
     for e in events:
-        if e.get("event") == "stage" and e.get("stage") in ("install", "verify", "watch"):
+        if e.get("event") == "stage" and e.get("stage") in ("install", "watch"):
             per[e["host"]] = per.get(e["host"], 0.0) + float(e.get("seconds") or 0)
+        if e.get("event") == "result":
+            for host, r in (e.get("hosts") or {}).items():
+                per[host] = per.get(host, 0.0) + float(r.get("verify_seconds") or 0)
     return max(per.values() or [0.0])
 
 

@@ -24,11 +24,20 @@ def clone(tmp_path_factory):
     return d
 
 
-def verify(clone, tmp_path, platform="cpu", drafter_config=None, **load):
+def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=False, **load):
+    """vLLM's own checks on a rendered argv.  ``config_only``: the argv names a drafter directory that does not
+    exist yet (its weights still being copied) and the verifier reads the drafter's config.json, shipped ahead,
+    from another directory (``--drafter-dir``), as the verify role runs it beside the drafter copy."""
     write_model_dir(tmp_path / "model", shards=2)
     write_drafter_dir(tmp_path / "drafter")
     if drafter_config:
         (tmp_path / "drafter" / "config.json").write_text(json.dumps(drafter_config))
+    extra = []
+    if config_only:
+        (tmp_path / "config-only").mkdir()
+        (tmp_path / "drafter" / "config.json").rename(tmp_path / "config-only" / "config.json")
+        (tmp_path / "drafter").rename(tmp_path / "drafter-weights-not-there-yet")
+        extra = ["--drafter-dir", str(tmp_path / "config-only")]
     argv = build_serve_argv(dict(launcher=[str(clone / "bin/vllm")], model=str(tmp_path / "model"),
                                  served_model_name="kimi-k2.5", port=8000, tensor_parallel_size=8,
                                  gpu_memory_utilization=0.9, max_model_len=131072,
@@ -36,7 +45,7 @@ def verify(clone, tmp_path, platform="cpu", drafter_config=None, **load):
                                               "num_speculative_tokens": 3}, **load))
     (tmp_path / "argv.json").write_text(json.dumps(argv))
     r = subprocess.run([str(clone / "bin/python"), str(ROOT / "roles/verify/files/vllm_verify.py"),
-                        "--argv-json", str(tmp_path / "argv.json"), "--platform", platform],
+                        "--argv-json", str(tmp_path / "argv.json"), "--platform", platform, *extra],
                        capture_output=True, text=True, timeout=600)
     line = [x for x in r.stdout.splitlines() if x.startswith("DEPLOYER-VERIFY ")]
     assert line, r.stderr[-3000:]
@@ -76,4 +85,11 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
         drafter_config(), architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
     assert rc == 1 and not checks["config_validation"]["ok"]
     assert "Model architectures ['Eagle3Qwen2ForCausalLM'] are not supported" in checks["config_validation"]["error"]
+    # the same two verdicts when only the drafter's config.json is on the host (the checks run while its weights
+    # are copied): the config is what vLLM's validation reads, so the verdict cannot differ
+    rc, checks = verify(clone, tmp_path / "cfg-only", config_only=True)
+    assert rc == 0 and checks["config_validation"]["detail"]["speculative_method"] == "eagle3", checks
+    rc, checks = verify(clone, tmp_path / "cfg-only-qwen", config_only=True, drafter_config=dict(
+        drafter_config(), architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
+    assert rc == 1 and "Eagle3Qwen2ForCausalLM" in checks["config_validation"]["error"]
     pe.revert(root)

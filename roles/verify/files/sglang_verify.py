@@ -22,6 +22,8 @@ import tempfile
 import time
 import traceback
 
+STARTED = time.time()   # the report's seconds: the whole run, engine import included
+
 CREDENTIALS_TOKEN = "{credentials}"
 
 
@@ -103,6 +105,7 @@ def main():
         check("sglang_server_args", resolve)
     if "--speculative-algorithm" in serve_argv:
         check("eagle3_hook", eagle3)
+    report["seconds"] = round(time.time() - STARTED, 2)
     print("DEPLOYER-VERIFY " + json.dumps(report))
     sys.stdout.flush()
     os._exit(0 if report["ok"] else 1)   # SGLang's imports leave threads behind

@@ -21,6 +21,8 @@ import sys
 import time
 import traceback
 
+STARTED = time.time()   # the report's seconds: the whole run, engine import included
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -120,6 +122,8 @@ def main():
                     "num_speculative_tokens": getattr(sc, "num_speculative_tokens", None),
                     "text_model_type": cfg.model_config.hf_text_config.model_type}
         check("config_validation", config)
+
+    report["seconds"] = round(time.time() - STARTED, 2)
 
     sys.stdout.write("DEPLOYER-VERIFY " + json.dumps(report, default=str) + "\n")
     return 0 if report["ok"] else 1
