@@ -33,7 +33,7 @@ def table(lines):
         start, end = ts(ln.get("start")), ts(ln.get("end"))
         if start is None or end is None:
             continue
-        key = (ln.get("role") or "", ln.get("task") or "")
+        key = (ln.get("role") or "", ln.get("task") or "", ln.get("uuid") or "")   # each run of a task on its own
         r = by.setdefault(key, {"task": (f"{key[0]} : " if key[0] else "") + key[1], "hosts": set(),
                                 "start": start, "end": end, "slowest": 0.0, "runs": 0})
         r["hosts"].add(ln.get("host"))

@@ -150,7 +150,8 @@ def _trace_writer():
         if not kind.startswith("runner_on_") or kind in ("runner_on_start",):
             return
         d = ev.get("event_data") or {}
-        line = {"task": d.get("task"), "role": d.get("role"), "host": d.get("host"), "status": kind[10:],
+        line = {"task": d.get("task"), "role": d.get("role"), "uuid": d.get("task_uuid"), "host": d.get("host"),
+                "status": kind[10:],
                 "start": d.get("start"), "end": d.get("end"), "duration": d.get("duration")}
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
