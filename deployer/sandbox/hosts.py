@@ -444,6 +444,10 @@ def write_client_files(hosts: list[Host]) -> None:
         "deployer_sandbox": True,
         "deployer_launcher": ["{python}", STANDIN_PATH],
         "vllm_install_offline": True,
+        # SANDBOX: up to 20 hosts share this machine's cores; compiling every venv whole (uv --compile-bytecode,
+        # ~36 CPU-s a venv) made an 8-host cold up 504 s instead of ~330 s.  A real host compiles on its own
+        # cores.  test_real_host.py deploys with it on.
+        "vllm_install_compile_bytecode": False,
         "deployer_drafter_src_dir": str(STATE / "drafter"),
         "deployer_model_dir": MODEL_DIR,
         "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),
