@@ -52,6 +52,13 @@ class Result:
     stats: dict = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)   # ansible-playbook's own [ERROR] text (e.g. a broken playbook)
 
+    def refusal(self) -> list[str]:
+        """ansible-playbook's own error when it ran no host for a reason other than "no host matched" (that one the
+        CLI says in its own words): the playbook or inventory it could not read."""
+        if self.processed() or any("no hosts to target" in e for e in self.errors):
+            return []
+        return self.errors
+
     def processed(self) -> set:
         return set((self.stats or {}).get("processed", {}) or {})
 

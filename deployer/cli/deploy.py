@@ -67,9 +67,9 @@ def report(res: runner.Result, as_json: bool, what: str) -> int:
             acc = (f"; EAGLE-3 acceptance rate {r['acceptance_rate']}, mean acceptance length "
                    f"{r.get('mean_acceptance_length')}") if r.get("acceptance_rate") is not None else ""
             out.print(f"[bold green]{h}[/]: release {r.get('release') or '?'} {state}{acc}")
-    if not res.processed() and res.errors:
+    if res.refusal():
         err.print("[bold red]ansible-playbook refused to run[/] (nothing was changed):", highlight=False)
-        err.out("\n".join(res.errors), highlight=False)
+        err.out("\n".join(res.refusal()), highlight=False)
     elif not res.processed():
         err.print("[bold red]no host matched[/] (check the inventory, the 'gpu' group and --limit)")
     if code != Exit.OK:

@@ -77,4 +77,10 @@ def test_ansible_playbooks_own_error_is_kept_not_reported_as_no_host_matched():
     assert r.errors[0].startswith("[ERROR]: YAML parsing failed") and "Origin: /repo/playbooks/up.yml:119:49" in r.errors
     assert r.errors[2:] == ["119         - name: Wait (refused: nothing)", "For example:", "    raw: x", "Should be:",
                             "    raw: y"]   # blank lines dropped, colour codes stripped, the warning before not kept
-    assert r.exit_code() == runner.Exit.USAGE     # nothing ran, nothing changed
+    assert r.exit_code() == runner.Exit.USAGE and r.refusal() == r.errors     # nothing ran, nothing changed
+    # a --limit that matches nothing is ansible-playbook's [ERROR] too: the CLI says "no host matched" for it
+    c = runner.Collector()
+    c({"event": "verbose", "stdout": red("[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no "
+                                         "hosts to target.")})
+    r = c.result(rc=1, status="failed")
+    assert r.errors and r.refusal() == [] and r.exit_code() == runner.Exit.USAGE
