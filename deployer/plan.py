@@ -20,6 +20,8 @@ unit                what the unit needs beyond argv/env: user, writable paths, d
                     the log-line wrapper's path (None: the engine is the main process)
 api_protected       clients must send the API key (or the server listens on loopback only)
 port                serving port (loopback checks use it)
+probe_host          where the host's own checks reach the server: the bound address, loopback when it binds all
+probe_url           ``http://<probe_host>:<port>`` (IPv6 in brackets): health, watch and smoke ask this
 served_model_name   the ``model`` clients send
 model_dir           checkpoint directory on the host
 speculative         EAGLE-3 on or off
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from deployer import serve, serve_sglang
+from deployer.ansible_plugins.module_utils import formats
 
 BACKENDS = ("vllm", "sglang")
 ENGINES = {"vllm": {"label": "vLLM", "package": "vllm"}, "sglang": {"label": "SGLang", "package": "sglang"}}
@@ -70,6 +73,10 @@ def templates_hash() -> str:
 
 _PATCH_ENGINE = Path(__file__).parent / "ansible_plugins" / "module_utils" / "eagle3_patch.py"
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
+# A unit name that is a plain file name in /etc/systemd/system and a plain shell word (systemd.unit(5) allows
+# more; the deployer needs no more).  A release like 0.16.0, 0.11.2.post1 or 0.20.0rc1: a path component too.
+_SERVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 _DEVICE_RE = re.compile(r"^(char-[A-Za-z0-9_.-]+|/dev/[A-Za-z0-9_./-]+)( [rwm]{1,3})?$")
 
 
@@ -96,6 +103,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def probe_host(bind: str) -> str:
+    """Where the host's own checks (health, watch, smoke) reach the server: the address it binds, or loopback of
+    the same family when it binds them all."""
+    if bind in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if bind == "::":
+        return "::1"
+    return bind
+
+
+def _a(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
 def _need(s: dict, key: str) -> Any:
     if key not in s:
         raise PlanError(f"plan: setting {key!r} missing")
@@ -109,10 +130,23 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     if backend not in BACKENDS:
         raise PlanError(f"backend: got {backend!r}, expected one of {list(BACKENDS)}")
     root = str(_need(s, "root")).rstrip("/")
-    if not re.match(r"^/[A-Za-z0-9_./-]*$", root) or ".." in root.split("/"):
+    if not re.fullmatch(r"/[A-Za-z0-9_./-]*", root) or ".." in root.split("/"):
         raise PlanError(f"root: got {root!r}, expected an absolute path of letters, digits and _ . / -")
+    for key in SECRET_KEYS:
+        value = s.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise PlanError(f"{key}: got {_a(type(value).__name__)}, expected a string (a secret keeps its type: "
+                            "quote it in YAML, e.g. deployer_{key}: \"0777\", or set it from the environment)")
+        bad = formats.control_char(value)
+        if bad:
+            raise PlanError(f"{key}: contains the control character {bad}; an env file line ends there")
     if backend == "vllm":
         version = str(_need(s, "vllm_version"))
+        if not _VERSION_RE.fullmatch(version):
+            raise PlanError(f"vllm_version: got {version!r}, expected a release like 0.16.0 (digits and dots; "
+                            "it names the venv's directory)")
         patched = bool(s.get("patch_enabled", True))
         venv = f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or patch_engine_id()}" if patched else "")
     else:
@@ -121,12 +155,15 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
             raise PlanError(f"sglang_version: got {version!r}, expected a release like 0.5.23")
         venv = f"{root}/venvs/sglang-{version}"
     service = str(_need(s, "service_name"))
+    if not _SERVICE_RE.fullmatch(service):
+        raise PlanError(f"service_name: got {service!r}, expected a unit name without .service: a letter or digit "
+                        "then up to 63 of [A-Za-z0-9_-] (it becomes a file name and a shell word)")
     speculative = bool(s.get("speculative_enabled", True))
     dirs = {"root": root, "releases": f"{root}/releases", "current": f"{root}/current",
             "previous": f"{root}/previous", "drafters": f"{root}/drafters", "bin": f"{root}/bin",
             "cache": f"{root}/cache", "server_cache": f"{root}/cache/server"}
     user = str(s.get("service_user") or "vllm")
-    if not _USER_RE.match(user) or user == "root":
+    if not _USER_RE.fullmatch(user) or user == "root":
         raise PlanError(f"service_user: got {user!r}, expected a system user name other than root "
                         "([a-z_][a-z0-9_-]*, at most 31 characters)")
     bind = str(s.get("host", "0.0.0.0"))
@@ -137,11 +174,11 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
                         "deployer_allow_unauthenticated: true to accept an open API")
     writable = [str(p) for p in (s.get("writable_paths") or [])]
     for p in writable:
-        if not re.match(r"^-?/[^\s\0]*$", p) or ".." in p.split("/"):
+        if not re.fullmatch(r"-?/[^\s\0]*", p) or ".." in p.split("/") or formats.control_char(p):
             raise PlanError(f"writable_paths: got {p!r}, expected absolute paths (a leading '-' means optional)")
     devices = [str(d) for d in (s.get("device_allow") or [])]
     for d in devices:
-        if not _DEVICE_RE.match(d):
+        if not _DEVICE_RE.fullmatch(d):
             raise PlanError(f"device_allow: got {d!r}, expected 'char-<name from /proc/devices> rw' or '/dev/<node> rw'")
 
     drafter = None
@@ -166,6 +203,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
                                                bool(s.get("sglang_language_model_only")))
             if why:
                 raise PlanError(why)
+        for word in argv:      # every word reaches the unit's ExecStart= line (formats.unit_word)
+            serve.systemd_exec_quote(word)
     except serve.ServeConfigError as e:
         raise PlanError(str(e)) from e
 
@@ -184,6 +223,10 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
             raise PlanError(f"environment variable name: got {k!r}, expected [A-Za-z_][A-Za-z0-9_]*")
         if k in ("VLLM_API_KEY", "HF_TOKEN", "SGLANG_API_KEY"):
             raise PlanError(f"environment: {k} is a secret; set deployer_api_key / deployer_hf_token instead")
+        bad = formats.control_char(str(v))
+        if bad:
+            raise PlanError(f"environment: {k}={str(v)!r} contains the control character {bad}; an env file line "
+                            "ends there")
         env[k] = str(v)
     secrets_hash = hashlib.sha256("\0".join(str(s.get(k) or "") for k in SECRET_KEYS).encode()).hexdigest()
     restart_delay = int(s.get("restart_delay_seconds", 30))
@@ -192,8 +235,10 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         raise PlanError(f"log_line_splitter: got {line_splitter!r}, expected true or false")
     wrapper = line_splitter_path(dirs["bin"]) if line_splitter else None
 
+    probe = probe_host(bind)
     return {
         "backend": backend, "engine": dict(ENGINES[backend], name=backend, version=version),
+        "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{s.get('port')}",
         "vllm_version": version if backend == "vllm" else None, "venv": venv, "python": f"{venv}/bin/python",
         "credentials": credentials,
         "patch_state": "present" if patched else "absent",

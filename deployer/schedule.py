@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import uuid
@@ -19,6 +18,7 @@ from datetime import time as dtime
 from pathlib import Path
 
 from deployer import tools
+from deployer.ansible_plugins.module_utils import formats
 from deployer.runner import Exit
 
 CONFIG = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "deployer" / "schedules.json"
@@ -48,7 +48,8 @@ class Schedule:
 
 def parse_at(at: str) -> tuple[list[str], int, int]:
     """'Sun 03:00' | 'Mon,Thu 02:30' | 'daily 03:00' | '03:00' -> (days, hour, minute); days [] = every day."""
-    m = re.fullmatch(r"\s*(?:(daily|[A-Za-z]{3}(?:,[A-Za-z]{3})*)\s+)?(\d{1,2}):(\d{2})\s*", at or "")
+    # blanks only (never \s: it matches \n and \r, and --at reaches the timer's Description= line)
+    m = re.fullmatch(r" *(?:(daily|[A-Za-z]{3}(?:,[A-Za-z]{3})*) +)?(\d{1,2}):(\d{2}) *", at or "")
     if not m:
         raise ScheduleError(f"--at {at!r}: expected e.g. 'Sun 03:00', 'Mon,Thu 02:30', 'daily 03:00' or '03:00'")
     days = [] if m.group(1) in (None, "daily") else [d.lower() for d in m.group(1).split(",")]
@@ -79,12 +80,17 @@ def in_window(window: str | None, now: datetime) -> bool:
 
 
 def cron_line(s: Schedule, deployer: str) -> str:
+    """The crontab entry (crontab(5)): every word through formats.cron_word (shell-quoted, ``%`` escaped, no
+    control character)."""
     days, hour, minute = parse_at(s.at)
     dow = ",".join(str(CRON_DOW[d]) for d in days) if days else "*"
     path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # cron's own PATH lacks sbin
-    log = shlex.quote(str(s.log_path()))
-    return (f"{minute} {hour} * * {dow} /usr/bin/env PATH={path} {shlex.quote(deployer)} schedule run {s.id} "
-            f">> {log} 2>&1 {MARK}{s.id}")
+    try:
+        words = [formats.cron_word(w, "schedule command word") for w in (deployer, "schedule", "run", s.id)]
+        log = formats.cron_word(str(s.log_path()), "schedule log path")
+    except formats.FormatError as e:
+        raise ScheduleError(str(e)) from e
+    return f"{minute} {hour} * * {dow} /usr/bin/env PATH={path} {' '.join(words)} >> {log} 2>&1 {MARK}{s.id}"
 
 
 def on_calendar(s: Schedule) -> str:
@@ -94,13 +100,45 @@ def on_calendar(s: Schedule) -> str:
 
 
 def timer_units(s: Schedule, deployer: str) -> dict[str, str]:
+    """The timer and its service: ExecStart= words through formats.unit_word, Description= through unit_value."""
     name = f"deployer-schedule-{s.id}"
+    try:
+        exec_start = " ".join(formats.unit_word(w, "schedule command word") for w in (deployer, "schedule", "run", s.id))
+        sid, at = formats.unit_value(s.id, "schedule id"), formats.unit_value(s.at, "--at")
+    except formats.FormatError as e:
+        raise ScheduleError(str(e)) from e
     return {
-        f"{name}.service": (f"[Unit]\nDescription=deployer scheduled redeploy {s.id}\n\n[Service]\nType=oneshot\n"
-                            f"ExecStart={deployer} schedule run {s.id}\n"),
-        f"{name}.timer": (f"[Unit]\nDescription=deployer scheduled redeploy {s.id} ({s.at})\n\n[Timer]\n"
+        f"{name}.service": (f"[Unit]\nDescription=deployer scheduled redeploy {sid}\n\n[Service]\nType=oneshot\n"
+                            f"ExecStart={exec_start}\n"),
+        f"{name}.timer": (f"[Unit]\nDescription=deployer scheduled redeploy {sid} ({at})\n\n[Timer]\n"
                           f"OnCalendar={on_calendar(s)}\nPersistent=false\n\n[Install]\nWantedBy=timers.target\n"),
     }
+
+
+def redact_url(url: str | None) -> str:
+    """A webhook URL as it may be shown or logged: scheme and host only (its path and query are often the
+    secret: a token in the path, a signature in the query)."""
+    if not url:
+        return ""
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(url)
+        host = u.hostname or "?"
+        if u.port:
+            host += f":{u.port}"
+    except ValueError:
+        return "<unparseable URL>"
+    return f"{u.scheme}://{host}/..."
+
+
+def public_view(s: Schedule) -> dict:
+    """What `schedule list --json` prints: everything but the webhook's secret parts."""
+    return dict(asdict(s), webhook=redact_url(s.webhook) or None)
+
+
+def absolute_extra(extra: list[str]) -> list[str]:
+    """``-e @file`` made absolute: a scheduled run starts in ``/``, so a relative path would name another file."""
+    return [f"@{Path(e[1:]).expanduser().resolve()}" if e.startswith("@") else e for e in extra]
 
 
 # ------------------------------------------------------------------ storage and installation
@@ -113,9 +151,14 @@ def load() -> dict[str, Schedule]:
 
 
 def save(items: dict[str, Schedule]) -> None:
-    CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    """Written 0600 in a 0700 directory: a webhook URL is often a secret (a token in its path)."""
+    CONFIG.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(CONFIG.parent, 0o700)
     tmp = CONFIG.with_suffix(".tmp")
-    tmp.write_text(json.dumps({k: asdict(v) for k, v in items.items()}, indent=2))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(json.dumps({k: asdict(v) for k, v in items.items()}, indent=2))
     tmp.replace(CONFIG)
 
 
@@ -188,14 +231,22 @@ def notify(url: str, obj: dict, attempts: int = 3) -> str | None:
     import requests
     from tenacity import retry, stop_after_attempt, wait_exponential
 
+    class NotDelivered(Exception):
+        pass
+
     @retry(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=1, max=10), reraise=True)
     def post():
-        requests.post(url, json=obj, timeout=10).raise_for_status()
+        # never follow a redirect: requests would turn the POST into a GET, whose 200 is no delivery
+        r = requests.post(url, json=obj, timeout=10, allow_redirects=False)
+        if 300 <= r.status_code < 400:
+            raise NotDelivered(f"HTTP {r.status_code} redirect (not followed: a POST is delivered where it was sent)")
+        r.raise_for_status()
     try:
         post()
         return None
     except Exception as e:  # noqa: BLE001 - any failure to deliver is reported, never raised
-        return f"{type(e).__name__}: {e}"
+        # the URL (often a token) never reaches the log: requests puts it in its messages
+        return f"{type(e).__name__}: {e}".replace(url, redact_url(url))
 
 
 def summarize(returncode: int, result: dict) -> str:
@@ -223,7 +274,7 @@ def run_now(s: Schedule, now: datetime, say=print) -> int:
             error = notify(s.webhook, obj)
             if error:
                 with open(log, "a") as f:
-                    f.write(json.dumps({"event": "webhook_failed", "schedule": s.id, "url": s.webhook,
+                    f.write(json.dumps({"event": "webhook_failed", "schedule": s.id, "url": redact_url(s.webhook),
                                         "error": error}) + "\n")
                 say(f"webhook failed: {error}")
 

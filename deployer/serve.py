@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from deployer.ansible_plugins.module_utils import envfile
+from deployer.ansible_plugins.module_utils import envfile, formats
 
 # Flags the deployer owns.  Free-form ``extra_args`` may not set them again (two
 # sources of truth for the same flag is how a 25-minute load ends in surprise).
@@ -18,6 +18,8 @@ MANAGED_FLAGS = (
     "--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp",
     "--gpu-memory-utilization", "--max-model-len", "--trust-remote-code",
     "--speculative-config", "-sc", "--api-key", "--safetensors-load-strategy", "--model-loader-extra-config",
+    # a YAML of flags (FlexibleArgumentParser expands it into the argv): it could set any of the above
+    "--config", "--model",
 )
 # vLLM's LoadConfig.safetensors_load_strategy (vllm/config/load.py) and the default loader's only extra keys
 # (DefaultModelLoader.__init__: {"enable_multithread_load", "num_threads"}, vllm/model_executor/model_loader/default_loader.py)
@@ -50,16 +52,57 @@ def speculative_config(method: str, model: str, num_speculative_tokens: int, ext
 
 
 def owned_by(flag: str, managed: tuple[str, ...]) -> str:
-    """The managed flag ``flag`` sets: itself, or the one it abbreviates.  argparse takes an unambiguous prefix as
-    the whole flag (vLLM's FlexibleArgumentParser and SGLang's parser keep allow_abbrev on): ``--max-model 1000``
-    IS ``--max-model-len 1000``, a second source for a flag the deployer owns.  "" when it sets none."""
+    """The managed flag ``flag`` sets: itself, or the one it abbreviates.  "" when it sets none.
+
+    Every spelling the engines' parsers accept counts (docs/security.md): argparse takes any unambiguous prefix
+    as the whole flag (vLLM's FlexibleArgumentParser and SGLang's parser keep allow_abbrev on), so ``--ho`` IS
+    ``--host``; vLLM merges a dotted sub-key into its parent (``--speculative-config.model X``); a boolean
+    ``--no-X`` sets ``X``; vLLM turns ``_`` into ``-``."""
     if not flag:
         return ""
+    flag = flag.split("=", 1)[0]
+    if flag.startswith("--"):
+        flag = "--" + flag[2:].replace("_", "-")
+        flag = flag.split(".", 1)[0]                         # --speculative-config.model -> --speculative-config
     if flag in managed:
         return flag
-    if flag.startswith("--") and len(flag) > 4:
-        return next((m for m in managed if m.startswith(flag)), "")
+    candidates = [flag]
+    if flag.startswith("--no-"):
+        candidates.append("--" + flag[5:])
+    for f in candidates:
+        if f in managed:
+            return f
+        if f.startswith("--") and len(f) > 2:
+            hit = next((m for m in managed if m.startswith(f)), "")
+            if hit:
+                return hit
     return ""
+
+
+def check_extra_args(extra: Any, managed: tuple[str, ...], what: str, forbidden: tuple[str, ...] = (),
+                     secret_home: str = "the secret env file") -> list[str]:
+    """``extra`` (the operator's free-form argv words), refused when a word sets a managed flag under any spelling
+    (``owned_by``) or holds a control character (a unit-file line ends at ``\\r`` too: formats.py)."""
+    if isinstance(extra, str) or not isinstance(extra, (list, tuple)) or not all(isinstance(a, str) for a in extra):
+        raise ServeConfigError(f"{what}: got {extra!r}, expected a list of strings (one argv word each)")
+    for a in extra:
+        bad = formats.control_char(a)
+        if bad:
+            raise ServeConfigError(f"{what}: {a!r} contains the control character {bad}; a unit file line ends "
+                                   "there (refused before anything changes)")
+        for token in forbidden:
+            if token in a:
+                raise ServeConfigError(f"{what}: {a!r} contains a newline, NUL or {token}")
+        flag = a if a.startswith("-") else ""
+        owned = owned_by(flag, managed)
+        if owned:
+            shown = _flag_name(flag)
+            how = "abbreviates" if owned.startswith(shown) else "sets"
+            raise ServeConfigError(
+                f"{what}: {shown} " + (f"{how} {owned}, which " if owned != shown else "")
+                + "is set by the deployer from its own variable; set that variable instead"
+                + (f" (the API key goes in {secret_home})" if "api-key" in owned else ""))
+    return list(extra)
 
 
 def common_fields(spec: dict) -> tuple[list[str], str, int, int, str]:
@@ -111,18 +154,7 @@ def build_serve_argv(spec: dict) -> list[str]:
         if want is None or not isinstance(v, want) or (want is int and (isinstance(v, bool) or v < 1)):
             raise ServeConfigError(f"model_loader_extra_config: got {k}={v!r}, expected enable_multithread_load "
                                    "(true/false) and num_threads (a positive integer)")
-    extra = spec.get("extra_args") or []
-    if isinstance(extra, str) or not all(isinstance(a, str) for a in extra):
-        raise ServeConfigError(f"extra_args: got {extra!r}, expected a list of strings (one argv word each)")
-    for a in extra:
-        owned = owned_by(_flag_name(a), MANAGED_FLAGS)
-        if owned:
-            raise ServeConfigError(
-                f"extra_args: {_flag_name(a)} " + (f"abbreviates {owned}, which " if owned != _flag_name(a) else "")
-                + "is set by the deployer from its own variable; set that variable instead"
-                + (" (the API key goes in the secret env file)" if "api-key" in a else ""))
-        if "\n" in a or "\x00" in a:
-            raise ServeConfigError(f"extra_args: {a!r} contains a newline or NUL")
+    extra = check_extra_args(spec.get("extra_args") or [], MANAGED_FLAGS, "extra_args")
 
     argv = list(launcher) + ["serve", model,
                              "--served-model-name", name,
@@ -154,16 +186,12 @@ def _num(x: float) -> str:
 
 # --------------------------------------------------------------- systemd quoting
 def systemd_exec_quote(arg: str) -> str:
-    """Quote one word for ``ExecStart=`` (systemd.service(5) "Command lines").
-
-    Double quotes with C escapes; ``$`` -> ``$$`` (no variable expansion) and
-    ``%`` -> ``%%`` (no specifier expansion), so the process receives ``arg``
-    byte for byte and nothing is ever interpreted by a shell (there is none).
-    """
-    if "\n" in arg or "\x00" in arg:
-        raise ServeConfigError(f"argv word {arg!r} contains a newline or NUL")
-    out = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
-    return f'"{out}"'
+    """Quote one word for ``ExecStart=`` (systemd.service(5) "Command lines"): the rule lives in
+    module_utils/formats.py (``unit_word``: no control character, ``$`` and ``%`` escaped, double-quoted)."""
+    try:
+        return formats.unit_word(arg)
+    except formats.FormatError as e:
+        raise ServeConfigError(str(e)) from e
 
 
 def systemd_env_quote(value: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from deployer.serve import CREDENTIALS_TOKEN, ServeConfigError, common_fields, owned_by
+from deployer.serve import CREDENTIALS_TOKEN, ServeConfigError, check_extra_args, common_fields
 
 # The API key is never on the command line (the process list is world-readable): SGLang has no environment
 # variable for it, so it goes in a YAML file SGLang merges with ``--config`` (srt/utils/server_args_config_parser.py),
@@ -115,21 +115,8 @@ def build_sglang_argv(spec: dict) -> list[str]:
     if not isinstance(mfs, (int, float)) or isinstance(mfs, bool) or not 0 <= float(mfs) < 1:
         raise ServeConfigError(f"sglang_mem_fraction_static: got {mfs!r}, expected a number in (0, 1), or 0 for "
                                "SGLang's own choice")
-    extra = spec.get("extra_args") or []
-    if isinstance(extra, str) or not all(isinstance(a, str) for a in extra):
-        raise ServeConfigError(f"sglang_extra_args: got {extra!r}, expected a list of strings (one argv word each)")
-    for a in extra:
-        flag = a.split("=", 1)[0] if a.startswith("-") else ""
-        # argparse takes an unambiguous prefix as the whole flag (allow_abbrev): --speculative-num-draft 8 IS
-        # --speculative-num-draft-tokens 8, a second source for a managed flag
-        owned = owned_by(flag, MANAGED_FLAGS)
-        if owned:
-            raise ServeConfigError(
-                f"sglang_extra_args: {flag} " + (f"abbreviates {owned}, which " if owned != flag else "")
-                + "is set by the deployer from its own variable; set that variable instead"
-                + (" (the API key goes in the secret file)" if "api-key" in a else ""))
-        if "\n" in a or "\x00" in a or CREDENTIALS_TOKEN in a:
-            raise ServeConfigError(f"sglang_extra_args: {a!r} contains a newline, NUL or {CREDENTIALS_TOKEN}")
+    extra = check_extra_args(spec.get("extra_args") or [], MANAGED_FLAGS, "sglang_extra_args", (CREDENTIALS_TOKEN,),
+                             "the secret file")
 
     argv = launcher + ["serve", "--model-path", model, "--served-model-name", name,
                              "--host", spec.get("host") or "0.0.0.0", "--port", str(port), "--tp-size", str(tp)]

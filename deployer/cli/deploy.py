@@ -22,6 +22,7 @@ from deployer.cli.targets import (
     Target,
     TrustNew,
     User,
+    die,
     parse_extra,
 )
 from deployer.output import Display, err, out
@@ -116,7 +117,18 @@ def rollback(
 ):
     """Go back to the previous (or a named) release without reinstalling: flip, restart, watch, smoke."""
     t = Target(host, port, user, key, inventory, sandbox, limit)
+    if to:
+        check_release_id(to)
     raise typer.Exit(run_rollback(t, extra, as_json, to=to, limit=limit))
+
+
+def check_release_id(to: str) -> str:
+    """``rollback --to``: a release id, never a path (``..`` or ``/`` would reach outside releases/)."""
+    from deployer.ansible_plugins.module_utils.releases import is_release_id
+    if not is_release_id(to):
+        die(Exit.USAGE, f"--to {to!r}: expected a release id as `deployer releases` shows it (e.g. 3c5572e4f21b): "
+                        "letters, digits, - and _, at most 64")
+    return to
 
 
 def run_rollback(t: Target, extra, as_json: bool, to: Optional[str] = None, limit: Optional[str] = None) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime
 import json
 import sys
-from dataclasses import asdict
 from typing import Annotated, Optional
 
 import typer
@@ -38,13 +37,14 @@ def add(
 ):
     """Schedule a non-interactive `deployer up` (JSON output and stderr to a log)."""
     target = Target(host, port, user, key, inventory, sandbox).schedule_words()
-    for e in extra or []:
-        name = e.split("=", 1)[0]
-        if name in SECRET_ENV:
-            die(Exit.USAGE, f"-e {name}=...: secrets are not stored in schedules; use {SECRET_ENV[name]} in the "
-                            "scheduler's environment or a vault file")
+    name = secret_in_extra(extra or [])
+    if name:
+        die(Exit.USAGE, f"-e: {name} is a secret and secrets are not stored in schedules; use {SECRET_ENV[name]} "
+                        "in the scheduler's environment or a vault file")
+    if webhook and not webhook.startswith(("https://", "http://")):
+        die(Exit.USAGE, f"--webhook {sc.redact_url(webhook)}: expected an http(s):// URL")
     s = sc.Schedule(id=sc.new_id(), at=at, target=target, if_changed=if_changed, window=window, webhook=webhook,
-                    extra=list(extra or []))
+                    extra=sc.absolute_extra(list(extra or [])))
     try:
         how = sc.install(s)
     except sc.ScheduleError as e:
@@ -55,12 +55,32 @@ def add(
     out.print(f"schedule {s.id}: {how}; log {s.log_path()}")
 
 
+def secret_in_extra(extra: list[str]) -> str:
+    """The first secret setting in ``extra`` in any form ansible-playbook takes (``k=v``, a JSON/YAML mapping,
+    ``@file``), or "" when none.  A file that cannot be read is left to the run to report."""
+    import yaml
+    for e in extra:
+        names: list = []
+        if e.startswith("@") or e.lstrip().startswith("{"):
+            try:
+                loaded = yaml.safe_load(e if e.lstrip().startswith("{") else open(e[1:]).read())
+            except (OSError, yaml.YAMLError, UnicodeDecodeError):
+                loaded = None
+            names = list(loaded) if isinstance(loaded, dict) else []
+        else:
+            names = [e.split("=", 1)[0]]
+        for n in names:
+            if n in SECRET_ENV:
+                return n
+    return ""
+
+
 @app.command("list")
 def list_(as_json: Json = False):
     """The schedules on this machine."""
     items = sc.load()
     if as_json:
-        sys.stdout.write(json.dumps([asdict(v) for v in items.values()]) + "\n")
+        sys.stdout.write(json.dumps([sc.public_view(v) for v in items.values()]) + "\n")
         return
     for s in items.values():
         out.print(f"{s.id}  at {s.at}  {' '.join(s.target)}  if-changed={s.if_changed}  window={s.window or '-'}")

@@ -68,8 +68,9 @@ class Target:
         if sum(bool(x) for x in (self.host, self.inventory, self.sandbox)) != 1:
             die(Exit.USAGE, "say where to deploy: exactly one of --host, -i or --sandbox")
         if self.host:
+            # a scheduled run starts in / : a relative key path would name another file
             return ["--host", self.host, "--port", str(self.port), "--user", self.user] + \
-                (["--key", self.key] if self.key else [])
+                (["--key", str(Path(self.key).expanduser().resolve())] if self.key else [])
         if self.inventory:
             return ["-i", str(Path(self.inventory).resolve())]
         return ["--sandbox"]
@@ -109,8 +110,16 @@ def adhoc_inventory(host: str, port: int, user: str, key: Optional[str], trust_n
 
 
 def parse_extra(extra: list[str]) -> dict:
-    """``-e k=v`` (value parsed as YAML), ``-e @file.yml`` or, as ansible-playbook takes it, ``-e '{"k": [..]}'``
-    (a JSON/YAML mapping); secrets also from DEPLOYER_API_KEY / _HF_TOKEN."""
+    """``-e k=v`` (value parsed as YAML, except for a setting of type str: kept as typed), ``-e @file.yml`` or, as
+    ansible-playbook takes it, ``-e '{"k": [..]}'`` (a JSON/YAML mapping); secrets also from DEPLOYER_API_KEY /
+    _HF_TOKEN.  A secret or other str setting never changes type on the way in: ``-e deployer_api_key=0777``
+    stays "0777" (YAML 1.1 would make it 511, ``1:30`` 90), and a non-string one from a mapping is refused."""
+    from deployer.settings_check import argument_specs, invalid, unknown
+    spec = argument_specs()
+
+    def is_str_setting(k: str) -> bool:
+        return k in SECRET_ENV or (spec.get(k) or {}).get("type", "str") == "str" and k in spec
+
     vals: dict = {}
     for item in extra:
         if item.startswith("@") or item.lstrip().startswith("{"):
@@ -120,18 +129,25 @@ def parse_extra(extra: list[str]) -> dict:
                 die(Exit.USAGE, f"-e {item}: {e}")
             if not isinstance(loaded, dict):
                 die(Exit.USAGE, f"-e {item}: expected a mapping of variables, got {type(loaded).__name__}")
+            for k, v in loaded.items():
+                if isinstance(k, str) and is_str_setting(k) and v is not None and not isinstance(v, str):
+                    shown = "..." if k in SECRET_ENV else repr(v)
+                    die(Exit.USAGE, f"-e {k}: got {shown} ({type(v).__name__}), expected a string: quote it "
+                                    f"(YAML reads 0777 as the integer 511 and 1:30 as 90)")
             vals.update(loaded)
             continue
         if "=" not in item:
             die(Exit.USAGE, f"-e {item!r}: expected key=value or @file.yml")
         k, v = item.split("=", 1)
+        if is_str_setting(k):
+            vals[k] = v
+            continue
         try:
             vals[k] = yaml.safe_load(v) if v else ""
         except yaml.YAMLError:
             vals[k] = v
         if vals[k] is None:  # "-e k=null" or "-e k=~": an empty value
             vals[k] = ""
-    from deployer.settings_check import invalid, unknown
     bad = unknown(vals)
     if bad:
         die(Exit.USAGE, "unknown setting: " + "; ".join(bad) + " (settings: roles/*/defaults/main.yml)")

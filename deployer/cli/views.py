@@ -145,27 +145,64 @@ def _rollback_crash_loops(t: Target, hosts: list[str], extra, as_json: bool):
     raise typer.Exit(run_rollback(t, extra, as_json, limit=",".join(hosts)))
 
 
+_UNIT_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\\.service)?$")
+
+
+def journal_command(service: str, lines: int, follow: bool, as_root: bool) -> str:
+    """The remote command `deployer logs` runs: the unit name checked (the same rule as the plan's
+    deployer_service_name) and shell-quoted, the line count an integer."""
+    import shlex
+    if not _UNIT_RE.fullmatch(service or ""):
+        raise ValueError(f"--service {service!r}: expected a unit name (a letter or digit, then [A-Za-z0-9_-], "
+                         "at most 64, optionally .service)")
+    unit = service if service.endswith(".service") else service + ".service"
+    cmd = f"journalctl -u {shlex.quote(unit)} --no-pager -n {int(lines)}" + (" -f" if follow else "")
+    # a login user reads the system journal through sudo, as the deploy does (become)
+    return cmd if as_root else "sudo -n " + cmd
+
+
+def ssh_connection(host: str, user: str, port: int, key, known_hosts=None, ssh_config=None):
+    """A fabric connection that checks the host key as the deploy does (Ansible's ssh): known_hosts only, an
+    unknown or changed key refused (fabric's own default would accept any key)."""
+    import paramiko
+    from fabric import Config, Connection
+    config = Config(runtime_ssh_path=str(ssh_config)) if ssh_config else None
+    kw = {"config": config} if config else {}
+    conn = Connection(host, user=user, port=port, connect_kwargs={"key_filename": key} if key else {}, **kw) \
+        if not ssh_config else Connection(host, **kw)
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    if known_hosts:
+        try:
+            conn.client.load_host_keys(str(known_hosts))
+        except FileNotFoundError:
+            pass
+    return conn
+
+
 def logs(follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
          lines: Annotated[int, typer.Option("-n", "--lines")] = 100,
          host: Host = None, port: Port = 22, user: User = "root", key: Key = None, sandbox: Sandbox = False,
          sandbox_host: Annotated[str, typer.Option("--sandbox-host")] = "sbx1",
          service: Annotated[str, typer.Option("--service")] = "deployer-vllm"):
-    """The server's log (journal), streamed over SSH with fabric."""
-    from fabric import Config, Connection
+    """The server's log (journal), streamed over SSH with fabric (host keys checked against known_hosts)."""
     if bool(host) == bool(sandbox):
         die(Exit.USAGE, "say which host: --host ADDR or --sandbox")
-    cmd = f"journalctl -u {service} --no-pager -n {int(lines)}" + (" -f" if follow else "")
     if sandbox:
         from deployer.sandbox import hosts as sb
-        conn = Connection(sandbox_host, config=Config(runtime_ssh_path=str(sb.STATE / "ssh_config")))
+        conn = ssh_connection(sandbox_host, "root", 22, None, known_hosts=sb.STATE / "known_hosts",
+                              ssh_config=sb.STATE / "ssh_config")
         as_root = not sb.is_sudo(sandbox_host)
     else:
-        conn = Connection(host, user=user, port=port, connect_kwargs={"key_filename": key} if key else {})
+        conn = ssh_connection(host, user, port, key)     # ~/.ssh/known_hosts (fabric loads the system's)
         as_root = user == "root"
-    if not as_root:      # a login user reads the system journal through sudo, as the deploy does (become)
-        cmd = "sudo -n " + cmd
+    try:
+        cmd = journal_command(service, lines, follow, as_root)
+    except ValueError as e:
+        die(Exit.USAGE, str(e))
     try:
         r = conn.run(cmd, pty=follow, warn=True)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
+    except Exception as e:  # noqa: BLE001 - paramiko's refusal of an unknown host key, a refused connection ...
+        die(Exit.UNREACHABLE, f"{host or sandbox_host}: {type(e).__name__}: {e}")
     raise typer.Exit(0 if r.ok else int(Exit.FAILED))

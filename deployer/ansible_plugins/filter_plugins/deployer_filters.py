@@ -17,7 +17,7 @@ except ImportError:
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
 from deployer import drafter, plan, serve, serve_sglang, settings_check  # noqa: E402
-from deployer.ansible_plugins.module_utils import vllm_logs  # noqa: E402
+from deployer.ansible_plugins.module_utils import formats, vllm_logs  # noqa: E402
 
 
 def parse_gpu_csv(text):
@@ -122,6 +122,14 @@ def lock_stale(lock_result, controller):
     return ""
 
 
+def haproxy_word(value, what="HAProxy config word"):
+    """A value for haproxy.cfg, refused unless it is a plain token (formats.haproxy_word)."""
+    try:
+        return formats.haproxy_word(value, what)
+    except formats.FormatError as e:
+        raise AnsibleFilterError(str(e)) from e
+
+
 def release_id(the_plan, patch_fingerprint=None):
     return plan.release_id(the_plan, patch_fingerprint)
 
@@ -151,6 +159,7 @@ class FilterModule(object):
             "systemd_exec_start": serve.exec_start,
             "sm120_refusals": sm120_refusals,
             "systemd_env_quote": serve.systemd_env_quote,
+            "haproxy_word": haproxy_word,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
             "disk_shortfalls": disk_shortfalls,

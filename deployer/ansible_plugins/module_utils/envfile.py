@@ -4,11 +4,18 @@ templates/vllm.env.j2) and read back (``parse``, by the ``deployer_state`` modul
 test needs the target release's API key) by the code in this one file.
 
 Format: ``KEY="value"`` lines, double quotes with backslash escapes, as systemd.exec(5) parses them
-(``\\`` ``"`` ``$`` and backquote escaped; newlines and NUL refused).  Standard library only: runs on the host.
+(``\\`` ``"`` ``$`` and backquote escaped; every control character refused: formats.env_value).  Read back
+split where systemd splits (formats.env_lines: at ``\\n``), never at the other characters ``str.splitlines``
+takes for a line end.  Standard library only: runs on the host.
 """
 from __future__ import annotations
 
 import re
+
+try:
+    from ansible.module_utils import formats
+except ImportError:           # imported as part of the deployer package (the controller)
+    from deployer.ansible_plugins.module_utils import formats
 
 
 class EnvFileError(ValueError):
@@ -16,10 +23,10 @@ class EnvFileError(ValueError):
 
 
 def quote(value):
-    value = str(value)
-    if "\n" in value or "\x00" in value:
-        raise EnvFileError("environment values may not contain newlines")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`") + '"'
+    try:
+        return formats.env_value(value)
+    except formats.FormatError as e:
+        raise EnvFileError(str(e)) from e
 
 
 _LINE = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)=(.*)$')
@@ -35,7 +42,7 @@ def unquote(raw):
 def parse(text):
     """``KEY=value`` lines -> dict; comments and blank lines skipped."""
     out = {}
-    for line in text.splitlines():
+    for line in formats.env_lines(text):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         m = _LINE.match(line.strip())

@@ -362,6 +362,13 @@ def _sglang_api_key(release_dir):
     return ""
 
 
+def is_release_id(name):
+    """A release id as ``deployer.plan.release_id`` makes them (12 hex digits), or any plain name of letters,
+    digits, ``-`` and ``_``: never a path."""
+    import re
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", str(name)))
+
+
 def host_state(root, service, target=None, want_secrets=False):
     """Everything the deployer reads back from a host, in one call: releases (summaries, newest first),
     ``current``/``previous``, the lock holder, the live release's manifest, the checksum of the unit
@@ -396,6 +403,10 @@ def host_state(root, service, target=None, want_secrets=False):
            "unit_sha256": _sha256_file("/etc/systemd/system/%s.service" % service)}
     if target is not None:
         tid = target or previous
+        if tid and not is_release_id(tid):      # never a path: no '/', no '..' (docs/security.md)
+            out["target"] = {"id": tid, "found": False, "missing": [], "edited": [], "dir": None,
+                             "invalid": "expected a release id (letters, digits, - and _), got %r" % tid}
+            return out
         t = {"id": tid, "found": False, "missing": [], "edited": [], "dir": os.path.join(rels_dir, tid) if tid else None}
         if tid and os.path.isfile(os.path.join(rels_dir, tid, "release.json")):
             m = read_release(t["dir"])
