@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from typing import Annotated, Optional
 
@@ -30,17 +29,16 @@ from deployer.runner import Exit
 
 
 def lock_note(holder: dict) -> str:
-    """Stale or live?  Only the controller that took the lock can tell whether its process is gone."""
+    """Stale or live?  Only the controller that took the lock can tell whether its process is gone
+    (deployer.controller_id: machine id, boot id, pid and its start time)."""
     if not holder:
         return ""
-    if holder.get("controller") == socket.gethostname():
-        try:
-            os.kill(int(holder.get("pid", 0)), 0)
-            return "held by a live deploy on this machine; wait for it"
-        except (ProcessLookupError, ValueError):
-            return "STALE: its process is gone; `deployer unlock` removes it"
-        except PermissionError:
-            return "held by a live process of another user"
+    from deployer import controller_id
+    state, why = controller_id.holder_state(holder, controller_id.identity(os.getpid()))
+    if state == "alive":
+        return why + "; wait for it"
+    if state == "gone":
+        return f"STALE: {why}; `deployer unlock` removes it"
     return f"held from {holder.get('controller')}; if that run died, `deployer unlock` removes it"
 
 

@@ -360,3 +360,25 @@ def test_09_secrets_appear_nowhere_but_the_0600_env_file():
     pattern = key[:6] + "[" + key[6] + "]" + key[7:]    # so that this command does not match itself
     assert sh(H, f"ps -eo args | grep -c '{pattern}' || true") == "0"
     assert sh(H, f"journalctl --no-pager | grep -c '{pattern}' || true") == "0"
+
+
+def test_10_the_service_user_cannot_make_root_chown_or_run_anything_for_it():
+    # guards (issue 20, item 1): the service user owns its home (the server cache) and replaced `triton` with a
+    # symlink to /etc/systemd/system; the next deploy's `file state=directory owner=vllm` followed it, made root
+    # chown that directory to the service user, who could then plant a drop-in the deploy's daemon-reload ran
+    as_vllm = "runuser -u vllm -- sh -c "
+    sh(H, as_vllm + "'cd /opt/deployer/cache/server && rm -rf triton xdg && ln -s /etc/systemd/system triton "
+                    "&& ln -s /etc xdg'")
+    assert sh(H, "readlink /opt/deployer/cache/server/triton") == "/etc/systemd/system"
+    r = up("-e", "deployer_max_model_len=12288")           # a new release: the whole path, install stage included
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sh(H, "stat -c '%U:%G' /etc/systemd/system /etc") == "root:root\nroot:root"
+    for d in ("triton", "xdg"):
+        assert sh(H, f"stat -c '%F %U %a' /opt/deployer/cache/server/{d}") == "directory vllm 750", d
+    assert "replaced what the service user could have planted" in flat(r.stdout + r.stderr) or \
+        sh(H, "test -L /opt/deployer/cache/server/triton && echo link || echo dir") == "dir"
+    # guards: vLLM's own checks (they run the model's config code: --trust-remote-code) ran as the service user in
+    # a sandboxed transient unit, never as root
+    reports = sh(H, "cat /opt/deployer/cache/verify/*.json")
+    assert '"ran_as": {"uid": ' in reports and '"user": "vllm"' in reports, reports[-2000:]
+    assert '"user": "root"' not in reports

@@ -1,5 +1,6 @@
 """Releases, no-op, rollback, locking, pruning, audit and scheduled redeploys on a sandbox host."""
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -112,9 +113,14 @@ def test_concurrent_up_one_refused():
 
 
 def test_stale_lock_reported_and_unlock():
-    def hold(controller, pid, age, ttl=600):
+    from deployer import controller_id
+    me = controller_id.identity(os.getpid())
+
+    def hold(controller, pid, age, ttl=600, machine_id=None, pid_start=""):
         rec = {"token": "x", "user": "ghost", "controller": controller, "pid": pid, "command": "up",
-               "since": time.time() - age, "since_iso": f"{age} s ago", "ttl_seconds": ttl}
+               "since": time.time() - age, "since_iso": f"{age} s ago", "ttl_seconds": ttl,
+               "machine_id": me["machine_id"] if machine_id is None else machine_id, "boot_id": me["boot_id"],
+               "pid_start": pid_start}
         sh(H, f"rm -rf /opt/deployer/.lock; mkdir -p /opt/deployer/.lock && "
               f"echo '{json.dumps(rec)}' > /opt/deployer/.lock/holder.json")
     # a live lock from another controller, within its time-to-live: refused, naming the holder (exit 6)
@@ -129,6 +135,15 @@ def test_stale_lock_reported_and_unlock():
     r = up()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "took over a stale lock of ghost@" in flat(r.stderr) and "is gone from this controller" in flat(r.stderr)
+    # guards (issue 20, item 4): a controller with the same host name but another machine (cloud images,
+    # containers) is not this one: its pid says nothing here, so its lock is never taken over but by its TTL
+    hold(socket.gethostname(), 2 ** 22 + 12345, age=5, machine_id="0123456789abcdef0123456789abcdef")
+    r = up()
+    assert r.returncode == 6 and "ghost@" in r.stderr, r.stdout + r.stderr
+    # ... and a pid of this machine that now names another process (its start time differs) is a dead holder
+    hold(socket.gethostname(), os.getpid(), age=5, pid_start="1")
+    r = up()
+    assert r.returncode == 0 and "the pid now names another process" in flat(r.stderr), r.stdout + r.stderr
     hold("other-controller", 1, age=700, ttl=600)
     r = up("-e", "deployer_noop_check=false")
     assert r.returncode == 0 and "older than its time-to-live (600 s)" in flat(r.stderr), r.stdout + r.stderr

@@ -13,14 +13,16 @@ def result(failures, processed=("h1",), facts=None):
 
 
 def lock_failure(pid):
+    from deployer import controller_id
+    holder = dict(controller_id.identity(pid), controller=socket.gethostname(), user="bob")   # as lock.yml records it
     return runner.Failure("h1", "Acquire the deploy lock.", "", "host is locked by bob@x (pid 1, `up`)",
-                          {"locked": True, "holder": {"controller": socket.gethostname(), "pid": pid, "user": "bob"}})
+                          {"locked": True, "holder": holder})
 
 
 def test_stale_and_live_locks(capsys):
     dead = 2 ** 22 + 12345  # above pid_max on this machine: never a live process
     assert deploy.report(result([lock_failure(dead)]), False, "up") == runner.Exit.LOCKED
-    assert "STALE: its process is gone" in capsys.readouterr().err
+    assert f"STALE: its process {dead} is gone from this controller" in capsys.readouterr().err
     assert deploy.report(result([lock_failure(os.getpid())]), True, "up") == runner.Exit.LOCKED
     assert "held by a live deploy on this machine" in capsys.readouterr().out
 

@@ -257,3 +257,20 @@ def test_logs_refuses_an_unknown_host_key(tmp_path):
     from deployer.cli.views import ssh_connection
     conn = ssh_connection("192.0.2.1", "root", 22, None, known_hosts=tmp_path / "known_hosts")
     assert isinstance(conn.client._policy, paramiko.RejectPolicy)
+
+
+# ------------------------------------------------------------------ 4: who holds the lock
+def test_a_lock_holder_is_judged_by_machine_boot_pid_and_start_time():
+    from deployer import controller_id as cid
+    me = cid.identity(os.getpid())
+    assert me["machine_id"] and me["boot_id"] and me["pid_start"]
+    alive = dict(me, controller="x")
+    assert cid.holder_state(alive, me)[0] == "alive"
+    # same host name, another machine: its pid means nothing here (was: taken over when that pid was free here)
+    assert cid.holder_state(dict(alive, machine_id="f" * 32), me)[0] == "unknown"
+    # a pid of this machine that now names another process (pid reuse): the holder is gone
+    assert cid.holder_state(dict(alive, pid_start="1"), me) [0] == "gone"
+    assert cid.holder_state(dict(alive, pid=2 ** 22 + 7), me)[0] == "gone"
+    assert cid.holder_state(dict(alive, boot_id="0"), me)[0] == "gone"
+    # a record without the identity (an older deployer's): only its time-to-live may free it
+    assert cid.holder_state({"controller": "x", "pid": 2 ** 22 + 7}, me)[0] == "unknown"

@@ -16,8 +16,9 @@ except ImportError:
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from deployer import drafter, plan, serve, serve_sglang, settings_check  # noqa: E402
+from deployer import controller_id, drafter, plan, serve, serve_sglang, settings_check  # noqa: E402
 from deployer.ansible_plugins.module_utils import formats, vllm_logs  # noqa: E402
+from deployer.ansible_plugins.module_utils import releases as releases_mu  # noqa: E402
 
 
 def parse_gpu_csv(text):
@@ -103,23 +104,17 @@ def nvidia_device_allow(names, extra=None):
     return ["char-%s rw" % n for n in (names or [])] + list(extra or [])
 
 
-def lock_stale(lock_result, controller):
-    """Why the lock in the way is stale ("" when it is live): older than the time-to-live it declared (the host
-    said so: ``expired``), or taken on this controller by a process that is gone."""
-    import os
+def lock_stale(lock_result, me=None):
+    """Why the lock in the way is stale ("" when it may be live): older than the time-to-live it declared (the
+    host said so: ``expired``), or taken on this controller (``me``: controller_identity) by a process that is
+    certainly gone (deployer.controller_id.holder_state)."""
     if not (lock_result or {}).get("locked"):
         return ""
     holder = lock_result.get("holder") or {}
     if lock_result.get("expired"):
         return "older than its time-to-live (%s s)" % holder.get("ttl_seconds", "?")
-    if holder.get("controller") == controller:
-        try:
-            os.kill(int(holder.get("pid") or 0), 0)
-        except ProcessLookupError:
-            return "its process %s is gone from this controller" % holder.get("pid")
-        except (ValueError, PermissionError):
-            return ""
-    return ""
+    state, why = controller_id.holder_state(holder, me if isinstance(me, dict) else None)
+    return why if state == "gone" else ""
 
 
 def haproxy_word(value, what="HAProxy config word"):
@@ -160,6 +155,7 @@ class FilterModule(object):
             "sm120_refusals": sm120_refusals,
             "systemd_env_quote": serve.systemd_env_quote,
             "haproxy_word": haproxy_word,
+            "probe_host_of": releases_mu.probe_host_of,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
             "disk_shortfalls": disk_shortfalls,

@@ -251,11 +251,27 @@ def _last_fatal(service, lines=600):
     return None
 
 
-def _http_get(port, path, limit=4 << 20):
-    """(status, body) of a plain HTTP GET on the loopback port, or (None, "") when nothing answers."""
+def probe_host_of(argv):
+    """The address the host's own checks reach a release's server on, from its argv (``--host``): the bound
+    address, or loopback of the same family when it binds all (deployer.plan.probe_host, the plan's twin)."""
+    argv = list(argv or [])
+    bind = ""
+    for i, a in enumerate(argv):
+        if a == "--host" and i + 1 < len(argv):
+            bind = argv[i + 1]
+        elif a.startswith("--host="):
+            bind = a.split("=", 1)[1]
+    if bind in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    return "::1" if bind == "::" else bind
+
+
+def _http_get(port, path, limit=4 << 20, host="127.0.0.1"):
+    """(status, body) of a plain HTTP GET on ``host``:``port`` (the address the server binds; loopback when it
+    binds all), or (None, "") when nothing answers."""
     import socket
     try:
-        s = socket.create_connection(("127.0.0.1", int(port)), timeout=3)
+        s = socket.create_connection((host or "127.0.0.1", int(port)), timeout=3)
     except (OSError, ValueError, TypeError):
         return None, ""
     try:
@@ -277,8 +293,8 @@ def _http_get(port, path, limit=4 << 20):
     return status, body.decode("utf-8", "replace")
 
 
-def http_health(port):
-    return _http_get(port, "/health")[0]
+def http_health(port, host="127.0.0.1"):
+    return _http_get(port, "/health", host=host)[0]
 
 
 def _gpu_memory_used_mib():
@@ -329,7 +345,7 @@ def _venv_state(venv):
     return out
 
 
-def probe(root, service, venv, drafter_dir, port, live=False, files=None):
+def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="127.0.0.1"):
     """What a no-op ``up`` must know, in the same round trip: the venv the plan names (installed? patch
     state and fingerprint), the drafter (complete?), the live release's env file and unit checksums, the
     checksums of other ``files`` the live unit runs (the log-line wrapper), the NVIDIA device classes (part of
@@ -338,7 +354,7 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None):
     cur = os.path.join(root, "current")
     extra = {}
     if live:
-        extra = {"metrics": _http_get(port, "/metrics")[1], "gpu_memory_used_mib": _gpu_memory_used_mib(),
+        extra = {"metrics": _http_get(port, "/metrics", host=host)[1], "gpu_memory_used_mib": _gpu_memory_used_mib(),
                  "last_fatal": _last_fatal(service)}
     return dict(extra, **{"venv": _venv_state(venv) if venv else None,
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
@@ -347,7 +363,7 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None):
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
             "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
             "files_sha256": dict((f, _sha256_file(f)) for f in files or []),
-            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": http_health(port)})
+            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": http_health(port, host)})
 
 
 def _sglang_api_key(release_dir):

@@ -11,8 +11,9 @@ description:
   - Whether a holder is stale is decided from both sides. The host's view is its declared time-to-live
     (C(owner.ttl_seconds)); on conflict the module returns C(expired). Whether its controller process is
     gone is the controller's to ask (the record names controller and pid).
-  - I(take_over) replaces a stale holder atomically (the old lock directory is renamed aside, so of two
-    controllers taking over at once exactly one wins) and returns it as C(took_over).
+  - I(take_over) replaces a stale holder atomically, under an exclusive C(flock) on a file beside the lock in
+    which the holder is read again (only the holder judged stale is replaced; of two controllers taking over at
+    once exactly one wins), and returns it as C(took_over).
   - C(absent) releases it, only if I(token) matches, unless I(force); with I(audit) it first appends the run's
     record to the audit log, so that the record and the release cost one round trip.
 options:
@@ -91,6 +92,7 @@ took_over:
   type: dict
 """
 
+import fcntl
 import json
 import os
 import shutil
@@ -133,17 +135,30 @@ def main():
     holder = read(path)
     took_over = None
     if p["state"] == "present" and p["take_over"] and holder is not None and holder.get("token") != p["token"]:
-        if str(holder.get("since")) != str(p["take_over"].get("since")):
-            m.fail_json(msg="the lock changed hands while deciding it was stale; not taken over", holder=holder,
-                        locked=True, expired=False)
+        # Under a lock on the host (flock on a file beside the lock): re-read the holder and replace it only if it
+        # is still the one judged stale; of two controllers taking over at once, exactly one wins, and a holder
+        # that changed in the meantime (a third run took it) is never taken over.
+        guard = None
         if not m.check_mode:
-            aside = "%s.stale-%s" % (path, p["token"])
-            try:
-                os.rename(path, aside)   # atomic: of two controllers taking over, one wins
-            except OSError:
-                m.fail_json(msg="host is locked by a concurrent run (lost the race)", holder=read(path) or {},
-                            locked=True, expired=False)
-            shutil.rmtree(aside, ignore_errors=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            guard = os.open(path + ".takeover", os.O_WRONLY | os.O_CREAT, 0o600)
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            holder = read(path)
+        try:
+            if holder is None or str(holder.get("since")) != str(p["take_over"].get("since")):
+                m.fail_json(msg="the lock changed hands while deciding it was stale; not taken over",
+                            holder=holder or {}, locked=True, expired=False)
+            if not m.check_mode:
+                aside = "%s.stale-%s" % (path, p["token"])
+                try:
+                    os.rename(path, aside)
+                except OSError:
+                    m.fail_json(msg="host is locked by a concurrent run (lost the race)", holder=read(path) or {},
+                                locked=True, expired=False)
+                shutil.rmtree(aside, ignore_errors=True)
+        finally:
+            if guard is not None:
+                os.close(guard)
         took_over, holder = holder, None
     if p["state"] == "present":
         if (holder is not None or os.path.isdir(path)) and not (took_over and m.check_mode):

@@ -32,7 +32,7 @@ options:
   probe:
     description:
       - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
-        and port (keys C(venv), C(drafter_dir), C(port)); key C(files), a list of paths, adds their
+        and port (keys C(venv), C(drafter_dir), C(port), C(host) - the address to ask); key C(files), a list of paths, adds their
         sha256 (C(files_sha256), null for a missing file); with key C(live) true also the server's
         C(metrics) text and C(gpu_memory_used_mib).
     type: dict
@@ -105,7 +105,7 @@ probe:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import host_state, probe
+from ansible.module_utils.releases import host_state, probe, probe_host_of
 
 
 def main():
@@ -122,8 +122,11 @@ def main():
         live = bool(q.get("live"))
         # status asks the live release's own port; the no-op check the planned one
         port = ((out.get("live") or {}).get("port") if live else None) or q.get("port")
+        # ... and the address it binds (a server bound to one address answers there only)
+        host = probe_host_of((out.get("live") or {}).get("argv")) if live and out.get("live") else \
+            (q.get("host") or "127.0.0.1")
         out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), port, live,
-                             [f for f in q.get("files") or [] if f])
+                             [f for f in q.get("files") or [] if f], host)
     m.exit_json(changed=False, **out)
 
 

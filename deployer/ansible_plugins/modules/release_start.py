@@ -27,6 +27,10 @@ options:
     description: The unit name.
     type: str
     required: true
+  host:
+    description: The address the server is asked on (the plan's C(probe_host)); loopback when it binds all.
+    type: str
+    default: 127.0.0.1
   port:
     description: The port the old server answers C(/health) on.
     type: int
@@ -86,7 +90,8 @@ def main():
     m = AnsibleModule(argument_spec=dict(unit_src=dict(type="path", required=True),
                                          unit_path=dict(type="path", required=True),
                                          service=dict(type="str", required=True),
-                                         port=dict(type="int", required=True)),
+                                         port=dict(type="int", required=True),
+                                         host=dict(type="str", default="127.0.0.1")),
                       supports_check_mode=True)
     p = m.params
     new, old = read(p["unit_src"]), read(p["unit_path"])
@@ -115,7 +120,7 @@ def main():
         os.rename(tmp, p["unit_path"])
         m.run_command(["systemctl", "daemon-reload"], check_rc=True)
     if restart:
-        code = http_health(p["port"]) if running else None
+        code = http_health(p["port"], p["host"]) if running else None
         res["old_server"] = {"ok": code == 200, "at": round(time.time(), 3)}
         m.run_command(["systemctl", "restart", p["service"]], check_rc=True)
     elif start:

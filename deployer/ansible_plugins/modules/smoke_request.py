@@ -12,8 +12,12 @@ description:
     speculative-decoding counters.  The three requests used to be three C(uri) tasks (three round trips).
   - Never fails on an HTTP status, the caller judges it (the chat's status and body are returned).
 options:
+  host:
+    description: The address the server is asked on (the plan's C(probe_host)); loopback when it binds all.
+    type: str
+    default: 127.0.0.1
   port:
-    description: The server's port on 127.0.0.1.
+    description: The server's port on I(host).
     type: int
     required: true
   model:
@@ -95,6 +99,7 @@ def _get(url, timeout):
 def main():
     m = AnsibleModule(argument_spec=dict(
         port=dict(type="int", required=True),
+        host=dict(type="str", default="127.0.0.1"),
         model=dict(type="str", required=True),
         prompt=dict(type="str", required=True),
         max_tokens=dict(type="int", default=32, no_log=False),   # a count of tokens, not a secret
@@ -102,7 +107,7 @@ def main():
         timeout_seconds=dict(type="int", default=60),
     ), supports_check_mode=True)
     p = m.params
-    base = "http://127.0.0.1:%d" % p["port"]
+    base = "http://%s:%d" % ("[%s]" % p["host"] if ":" in p["host"] else p["host"], p["port"])
     before = _get(base + "/metrics", p["timeout_seconds"])
     body = json.dumps({"model": p["model"], "messages": [{"role": "user", "content": p["prompt"]}],
                        "max_tokens": p["max_tokens"], "temperature": 0})

@@ -14,6 +14,10 @@ description:
     server is ready, has died, or logged a fatal error, so a crash is seen within seconds.
   - Never changes anything.
 options:
+  host:
+    description: The address the server is asked on (the plan's C(probe_host)); loopback when it binds all.
+    type: str
+    default: 127.0.0.1
   service:
     description: systemd unit name.
     type: str
@@ -164,9 +168,9 @@ def journal(module, service, invocation):
     return entries
 
 
-def health(port):
+def health(port, host="127.0.0.1"):
     try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+        s = socket.create_connection((host, port), timeout=2)
     except OSError:
         return None  # connection refused: still loading (vLLM does not listen until ready)
     try:
@@ -227,7 +231,7 @@ def look(module, p):
                    reason="fatal %s in phase '%s': %s" % (snap["fatal"]["kind"], snap["phase_title"],
                                                            snap["fatal"]["line"]))
         return res
-    code = health(p["port"])
+    code = health(p["port"], p["host"])
     if code == 200 and snap["phase"] in ("api", "ready"):
         res.update(state="ready", phase="ready", phase_title="ready", ready_at=round(time.time(), 3))
         return res
@@ -254,6 +258,7 @@ def main():
         argument_spec=dict(
             service=dict(type="str", required=True),
             port=dict(type="int", required=True),
+            host=dict(type="str", default="127.0.0.1"),
             poll_seconds=dict(type="float", default=2.0),
             stall_seconds=dict(type="dict", default={}),
             budget_seconds=dict(type="int", default=1800),

@@ -27,6 +27,17 @@ STARTED = time.time()   # the report's seconds: the whole run, engine import inc
 CREDENTIALS_TOKEN = "{credentials}"
 
 
+def ran_as():
+    """Who ran the checks (the verify stage runs them as the service user, in a transient sandboxed unit)."""
+    import pwd
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return {"uid": uid, "user": name}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
@@ -43,7 +54,7 @@ def main():
         f.write("api-key: deployer-verify-placeholder\n")
     serve_argv = [w.replace(CREDENTIALS_TOKEN, tmp, 1) if w.startswith(CREDENTIALS_TOKEN + "/") else w
                   for w in serve_argv]
-    report = {"checks": [], "ok": True, "platform": "cuda (forced; no GPU touched)"}
+    report = {"checks": [], "ok": True, "platform": "cuda (forced; no GPU touched)", "ran_as": ran_as()}
     if a.drafter_dir and "--speculative-draft-model-path" in serve_argv:
         serve_argv[serve_argv.index("--speculative-draft-model-path") + 1] = a.drafter_dir
         report["drafter_config_from"] = a.drafter_dir

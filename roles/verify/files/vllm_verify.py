@@ -24,6 +24,17 @@ import traceback
 STARTED = time.time()   # the report's seconds: the whole run, engine import included
 
 
+def ran_as():
+    """Who ran the checks (the verify stage runs them as the service user, in a transient sandboxed unit)."""
+    import pwd
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return {"uid": uid, "user": name}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
@@ -37,7 +48,7 @@ def main():
     serve_at = argv.index("serve")
     serve_argv = argv[serve_at:]
     spec = None
-    report = {"checks": [], "ok": True}
+    report = {"checks": [], "ok": True, "ran_as": ran_as()}
     if "--speculative-config" in serve_argv:
         at = serve_argv.index("--speculative-config") + 1
         spec = json.loads(serve_argv[at])
