@@ -12,8 +12,10 @@ venv, python        ``<root>/venvs/vllm-<version>-p<engine>`` when patched (one 
                     was verified with); ``<root>/venvs/vllm-<version>`` is the pristine wheel (patches off);
                     ``<root>/venvs/sglang-<version>`` for SGLang (never patched)
 patch_state         "present" (apply what this vLLM needs) or "absent" (also every SGLang plan)
-credentials         files systemd hands the service (LoadCredential=): {name: release-relative file}; SGLang's
-                    API key lives there (it has no environment variable for it, and argv is world-readable)
+credentials         files systemd hands the service (LoadCredential=): {name: file in the live secrets dir};
+                    SGLang's API key lives there (it has no environment variable for it, and argv is world-readable)
+secrets             the live secrets: {dir, env_file, sglang_file, dropin_path, dropin} (live_secrets); never part
+                    of a release (its id, its files): a rollback keeps the live ones
 service, unit_path  systemd unit name and path
 user                the unprivileged system user the server runs as (never root)
 unit                what the unit needs beyond argv/env: user, writable paths, device allow-list (docs/hardening.md),
@@ -28,7 +30,7 @@ speculative         EAGLE-3 on or off
 drafter             None, or {src, files, tree_sha256, bytes, store_dir, dir, staging_dir}: the controller's
                     manifest and the content-addressed place on the host
 argv                the full ``vllm serve`` argv, launcher first (built by deployer.serve, nowhere else)
-env                 the non-secret environment of the server (secrets go only to the 0600 env file)
+env                 the non-secret environment of the server (secrets go only to the live 0600 secrets files)
 restart_delay_seconds  systemd RestartSec
 release_inputs      everything that names a release (hashed with the patch fingerprint into its id)
 dirs                root, releases, current, previous, drafters, bin, cache (root's: uv), server_cache (the
@@ -54,7 +56,7 @@ SECRET_KEYS = ("api_key", "hf_token")
 # same id with different files), and a release's recorded unit is the one it was verified with.  The log-line
 # wrapper the unit runs is named by its content (line_splitter_path), and that path is a release input too.
 _REPO = Path(__file__).resolve().parent.parent
-_TEMPLATES = [_REPO / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2", "sglang-secrets.yaml.j2")]
+_TEMPLATES = [_REPO / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2")]
 _LINE_SPLITTER = _REPO / "roles" / "render" / "files" / "journal_lines.py"
 
 
@@ -161,7 +163,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     speculative = bool(s.get("speculative_enabled", True))
     dirs = {"root": root, "releases": f"{root}/releases", "current": f"{root}/current",
             "previous": f"{root}/previous", "drafters": f"{root}/drafters", "bin": f"{root}/bin",
-            "cache": f"{root}/cache", "server_cache": f"{root}/cache/server"}
+            "cache": f"{root}/cache", "server_cache": f"{root}/cache/server", "secrets": f"{root}/secrets"}
     user = str(s.get("service_user") or "vllm")
     if not _USER_RE.fullmatch(user) or user == "root":
         raise PlanError(f"service_user: got {user!r}, expected a system user name other than root "
@@ -228,7 +230,6 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
             raise PlanError(f"environment: {k}={str(v)!r} contains the control character {bad}; an env file line "
                             "ends there")
         env[k] = str(v)
-    secrets_hash = hashlib.sha256("\0".join(str(s.get(k) or "") for k in SECRET_KEYS).encode()).hexdigest()
     restart_delay = int(s.get("restart_delay_seconds", 30))
     line_splitter = s.get("log_line_splitter", True)
     if not isinstance(line_splitter, bool):
@@ -249,9 +250,10 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
         "restart_delay_seconds": restart_delay, "dirs": dirs,
+        "secrets": live_secrets(dirs, service),
         "release_inputs": {"argv": argv, "engine": backend, "version": version,
                            "drafter": drafter["tree_sha256"] if drafter else None,
-                           "env": env, "secrets": secrets_hash, "restart_delay": restart_delay,
+                           "env": env, "restart_delay": restart_delay,
                            "user": user, "writable": writable, "devices": devices, "templates": templates_hash(),
                            "line_splitter": wrapper},
     }
@@ -299,6 +301,37 @@ def _sglang_argv(s: dict, venv: str, drafter: dict | None, with_secrets: bool) -
         "secrets_file": f"{serve_sglang.CREDENTIALS_TOKEN}/{serve_sglang.SECRETS_FILE}" if with_secrets else "",
         "extra_args": s.get("sglang_extra_args") or [],
     })
+
+
+SECRETS_ENV_FILE = "server.env"
+
+
+def live_secrets(dirs: dict, service: str) -> dict:
+    """Where the live secrets are (docs/security.md, "Secrets"): one root-only directory, never a release.  The
+    unit drop-in hands them to whatever release runs, so a rollback restores code and flags, never old secrets
+    (a later EnvironmentFile= overrides an earlier one: a release rendered before secrets moved out of releases
+    runs with the live ones too)."""
+    d = dirs["secrets"]
+    env_file = f"{d}/{SECRETS_ENV_FILE}"
+    return {"dir": d, "env_file": env_file, "sglang_file": f"{d}/{serve_sglang.SECRETS_FILE}",
+            "dropin_path": f"/etc/systemd/system/{service}.service.d/deployer-secrets.conf",
+            "dropin": ("# Managed by deployer: the live secrets, for whatever release runs (docs/security.md).\n"
+                       f"[Service]\nEnvironmentFile={env_file}\n")}
+
+
+def secret_files(api_key: str, hf_token: str) -> dict:
+    """The contents of the live secret files (written 0600 by the start stage; never printed): the server's
+    environment (vLLM's key, the Hugging Face token) and SGLang's --config YAML with its key.  Both engines'
+    files are written whatever runs now, so that a rollback across engines finds its key."""
+    from deployer.ansible_plugins.module_utils import envfile
+    lines = ["# Managed by deployer.  Mode 0600: the live secrets (docs/security.md)."]
+    if api_key:
+        lines.append("VLLM_API_KEY=" + envfile.quote(api_key))
+    if hf_token:
+        lines.append("HF_TOKEN=" + envfile.quote(hf_token))
+    yaml_text = "# Managed by deployer.  Mode 0600: SGLang's API key (merged with --config).\n" + \
+        (f"api-key: {json.dumps(api_key)}\n" if api_key else "{}\n")
+    return {SECRETS_ENV_FILE: "\n".join(lines) + "\n", serve_sglang.SECRETS_FILE: yaml_text}
 
 
 def release_id(plan: dict, patch_fingerprint: str | None) -> str:
@@ -352,6 +385,13 @@ def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, en
         reasons.append("the unit systemd runs differs from the planned one")
     if not env_sha256 or probe.get("live_env_sha256") != env_sha256:
         reasons.append("the live environment file differs from the planned one")
+    live = the_plan.get("secrets") or {}
+    if live.get("dropin_path") and (probe.get("files_sha256") or {}).get(live["dropin_path"]) != \
+            hashlib.sha256(live["dropin"].encode()).hexdigest():
+        reasons.append(f"the unit drop-in {live['dropin_path']} (the live secrets) is missing or differs")
+    if probe.get("secrets_current") is False:
+        reasons.append("the live secrets differ from the ones given (rotated?): they are written and the server "
+                       "restarted")
     wrapper = (the_plan.get("unit") or {}).get("line_splitter")
     if wrapper and (probe.get("files_sha256") or {}).get(wrapper) != line_splitter_sha256():
         reasons.append(f"the log-line wrapper {wrapper} is missing or differs from the planned one")

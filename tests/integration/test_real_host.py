@@ -355,8 +355,14 @@ def test_09_secrets_appear_nowhere_but_the_0600_env_file():
     files = sh(H, f"find /opt/deployer /etc /var/log /run /tmp -path {ROOT} -prune -o -type f "
                   f"-newermt @{int(since) - 1} -print0 2>/dev/null | xargs -0 -r grep -lF -e {key} -e {token} 2>/dev/null "
                   "| xargs -r stat -c '%a %U %n'").splitlines()
-    assert files and all(f.startswith("600 root /opt/deployer/releases/") and f.endswith("/vllm.env")
-                         for f in files), files
+    # (issue 20, item 8: the live secrets dir, never a release)
+    assert files and set(files) <= {"600 root /opt/deployer/secrets/server.env",
+                                    "600 root /opt/deployer/secrets/sglang-secrets.yaml"}, files
+    # guards (issue 20, item 10): no unsalted hash of the secrets in verbose output either (release_inputs.secrets
+    # was sha256 of key NUL token, printed by -v)
+    import hashlib
+    for digest in (hashlib.sha256(f"{key}\0{token}".encode()).hexdigest(), hashlib.sha256(key.encode()).hexdigest()):
+        assert all(digest not in o and digest[:12] not in o for o in outs)
     pattern = key[:6] + "[" + key[6] + "]" + key[7:]    # so that this command does not match itself
     assert sh(H, f"ps -eo args | grep -c '{pattern}' || true") == "0"
     assert sh(H, f"journalctl --no-pager | grep -c '{pattern}' || true") == "0"
@@ -382,3 +388,32 @@ def test_10_the_service_user_cannot_make_root_chown_or_run_anything_for_it():
     reports = sh(H, "cat /opt/deployer/cache/verify/*.json")
     assert '"ran_as": {"uid": ' in reports and '"user": "vllm"' in reports, reports[-2000:]
     assert '"user": "root"' not in reports
+
+
+def test_11_a_rollback_keeps_the_live_secrets():
+    # guards (issue 20, item 8): secrets were part of each release (its env file and its id), so a rollback put a
+    # rotated-away API key back in service and every kept release kept its old token on disk
+    from deployer.sandbox import hosts as sb
+    old, new = "old-key-" + "7" * 12, "rotated-key-" + "3" * 12
+    r = up("-e", f"deployer_api_key={old}", "-e", "deployer_max_model_len=6144", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = manifest()["id"]
+    # the same release with a rotated key: found by the no-op check, written, the server restarted; same id
+    pid = main_pid(H)
+    r = up("-e", f"deployer_api_key={new}", "-e", "deployer_max_model_len=6144", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert manifest()["id"] == first and main_pid(H) != pid
+    r = up("-e", f"deployer_api_key={new}", "-e", "deployer_max_model_len=5120", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = deployer("rollback", "--sandbox", "--to", first)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert manifest()["id"] == first
+
+    def status(k):
+        return sh(H, f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {k}' "
+                     "http://127.0.0.1:8000/v1/models")
+    assert status(new) == "200" and status(old) == "401"
+    assert sh(H, f"grep -rlF {old} /opt/deployer /etc/systemd 2>/dev/null || true") == ""
+    # back to the sandbox's own key for the tests after this one
+    r = up("-e", "deployer_max_model_len=5120", *FAST)
+    assert r.returncode == 0 and status(sb.api_key()) == "200", r.stdout + r.stderr

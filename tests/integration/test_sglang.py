@@ -49,9 +49,12 @@ def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself(sandbox):
     # the API key reaches SGLang through systemd's credentials, never argv (world-readable) or the journal
     assert "--api-key" not in argv and argv[-2:] == ["--config", "{credentials}/sglang-secrets.yaml"]
     unit = sh(H, f"cat /etc/systemd/system/{SVC}.service")
-    assert f"LoadCredential=sglang-secrets.yaml:/opt/deployer/releases/{m['id']}/sglang-secrets.yaml" in unit
+    # ... from the live secrets, outside every release (a rollback never brings an old key back: docs/security.md)
+    assert "LoadCredential=sglang-secrets.yaml:/opt/deployer/secrets/sglang-secrets.yaml" in unit
     assert '"--config" "%d/sglang-secrets.yaml"' in unit
-    assert sh(H, "stat -c '%a %U' /opt/deployer/current/sglang-secrets.yaml") == "600 root"
+    assert sh(H, "stat -c '%a %U' /opt/deployer/secrets/sglang-secrets.yaml /opt/deployer/secrets") == \
+        "600 root\n700 root"
+    assert sh(H, f"ls /opt/deployer/releases/{m['id']}/") .count("sglang-secrets") == 0
     assert "VLLM_API_KEY" not in sh(H, "cat /opt/deployer/current/vllm.env")
     from deployer.sandbox import hosts as sb
     key = sb.api_key()

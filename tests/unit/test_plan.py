@@ -83,6 +83,9 @@ def test_patch_engine_id_follows_the_engine_source():
 
 
 # ------------------------------------------------------------------ the no-op check
+import hashlib  # noqa: E402
+
+
 def _live(**over):
     """A host where the planned release is live and healthy, as deployer_state's probe reports it."""
     p = make_plan(settings(), DRAFTER)
@@ -91,7 +94,9 @@ def _live(**over):
     state = {"lock": None, "current": exp["id"], "unit_sha256": "u", "probe": {
         "venv": {"installed": True, "state": "patched", "fingerprint": "fp1", "patches": ["P1"]},
         "drafter_complete": True, "drafter_changed": [], "live_edited": [], "live_env_sha256": "e", "live_unit_sha256": "u", "health": 200,
-        "files_sha256": {p["unit"]["line_splitter"]: planmod.line_splitter_sha256()},
+        "files_sha256": {p["unit"]["line_splitter"]: planmod.line_splitter_sha256(),
+                         p["secrets"]["dropin_path"]: hashlib.sha256(p["secrets"]["dropin"].encode()).hexdigest()},
+        "secrets_current": True,
         "unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "no"}}}
     for k, v in over.items():
         (state["probe"] if k in state["probe"] else state)[k] = v
@@ -115,6 +120,9 @@ def test_noop_when_everything_matches():
     ({"health": 503}, "u", "e", "/health answered 503"),
     ({"files_sha256": {}}, "u", "e", "the log-line wrapper /opt/deployer/bin/journal_lines-"),
     ({"files_sha256": {"x": None}}, "u", "e", "is missing or differs from the planned one"),
+    # the live secrets live outside every release: a rotated key is found and applied though the release is the same
+    ({"secrets_current": False}, "u", "e", "the live secrets differ from the ones given (rotated?)"),
+    ({"files_sha256": {}}, "u", "e", "deployer-secrets.conf (the live secrets) is missing or differs"),
     ({"unit": {"ActiveState": "activating", "SubState": "auto-restart", "NeedDaemonReload": "no"}}, "u", "e",
      "the server is activating/auto-restart"),
     ({"unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "yes"}}, "u", "e",

@@ -60,7 +60,28 @@ def test_unit_and_env_golden(tmp_path):
     check("vllm.env", env)
 
 
-def test_secrets_only_in_env_file(tmp_path):
+def test_secrets_in_no_release_file_but_the_live_ones(tmp_path):
+    # guards (issue 20, item 8): a release's files held its secrets, so a rollback put a revoked key back in
+    # service; now no release file holds one, and the live files (start stage) hold them, quoted for their formats
+    from deployer.ansible_plugins.module_utils import envfile
+    from deployer.plan import secret_files
     unit, env = render(tmp_path, deployer_api_key='k"e$y`1\\', deployer_hf_token="hf_abc")
-    assert 'VLLM_API_KEY="k\\"e\\$y\\`1\\\\"' in env and 'HF_TOKEN="hf_abc"' in env
-    assert "k\"e" not in unit and "hf_abc" not in unit
+    for text in (unit, env):
+        assert "k\"e" not in text and "hf_abc" not in text and "VLLM_API_KEY" not in text and "HF_TOKEN" not in text
+    assert "EnvironmentFile=/opt/deployer/releases/r0123456789a/vllm.env\n" in unit
+    live = secret_files('k"e$y`1\\', "hf_abc")
+    assert envfile.parse(live["server.env"]) == {"VLLM_API_KEY": 'k"e$y`1\\', "HF_TOKEN": "hf_abc"}
+    assert 'api-key: "k\\"e$y`1\\\\"' in live["sglang-secrets.yaml"]
+    assert secret_files("", "") == {"server.env": "# Managed by deployer.  Mode 0600: the live secrets "
+                                                  "(docs/security.md).\n",
+                                    "sglang-secrets.yaml": "# Managed by deployer.  Mode 0600: SGLang's API key "
+                                                           "(merged with --config).\n{}\n"}
+
+
+def test_a_release_id_does_not_depend_on_its_secrets():
+    from deployer.plan import make_plan, release_id
+    drafter = {"src": "/d", "files": [], "tree_sha256": "ab" * 32, "bytes": 0}
+    a = make_plan(settings(api_key="old", hf_token="t1", allow_unauthenticated=False), drafter)
+    b = make_plan(settings(api_key="rotated", hf_token="t2", allow_unauthenticated=False), drafter)
+    assert release_id(a, "fp") == release_id(b, "fp")
+    assert "old" not in str(a["release_inputs"]) and "rotated" not in str(b["release_inputs"])

@@ -117,6 +117,11 @@ def lock_stale(lock_result, me=None):
     return why if state == "gone" else ""
 
 
+def live_secrets(root, service):
+    """Where the live secrets of the deploy root ``root`` are (deployer.plan.live_secrets)."""
+    return plan.live_secrets({"secrets": str(root).rstrip("/") + "/secrets"}, service)
+
+
 def haproxy_word(value, what="HAProxy config word"):
     """A value for haproxy.cfg, refused unless it is a plain token (formats.haproxy_word)."""
     try:
@@ -156,6 +161,8 @@ class FilterModule(object):
             "systemd_env_quote": serve.systemd_env_quote,
             "haproxy_word": haproxy_word,
             "probe_host_of": releases_mu.probe_host_of,
+            "deployer_secret_files": plan.secret_files,
+            "deployer_live_secrets": live_secrets,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
             "disk_shortfalls": disk_shortfalls,

@@ -378,6 +378,27 @@ def _sglang_api_key(release_dir):
     return ""
 
 
+def _env_key(path, envfile):
+    try:
+        with open(path) as f:
+            return envfile.parse(f.read()).get("VLLM_API_KEY", "")
+    except OSError:
+        return ""
+
+
+def secrets_current(root, wanted):
+    """Whether the live secret files in ``root``/secrets hold exactly ``wanted`` ({name: content}); the contents
+    are compared here on the host and never returned."""
+    for name, content in (wanted or {}).items():
+        try:
+            with open(os.path.join(root, "secrets", os.path.basename(name))) as f:
+                if f.read() != content:
+                    return False
+        except OSError:
+            return False
+    return True
+
+
 def is_release_id(name):
     """A release id as ``deployer.plan.release_id`` makes them (12 hex digits), or any plain name of letters,
     digits, ``-`` and ``_``: never a path."""
@@ -430,11 +451,13 @@ def host_state(root, service, target=None, want_secrets=False):
                      edited=edited_files(t["dir"]) + ["drafter %s/%s" % (m["drafter_dir"], x)
                                                       for x in drafter_changed(m.get("drafter_dir"))])
             if want_secrets:
-                try:
-                    with open(os.path.join(t["dir"], "vllm.env")) as f:
-                        env = envfile.parse(f.read())
-                except OSError:
-                    env = {}
-                t["api_key"] = env.get("VLLM_API_KEY", "") or _sglang_api_key(t["dir"])
+                # the key the target will serve with: the LIVE one (root/secrets, handed to whatever release runs
+                # by the unit's drop-in; docs/security.md), else (a release rendered before secrets moved out of
+                # releases, on a host that has no live secrets yet) the release's own
+                live = os.path.join(root, "secrets")
+                key = _env_key(os.path.join(live, "server.env"), envfile) or _sglang_api_key(live)
+                if not key and not os.path.exists(os.path.join(live, "server.env")):
+                    key = _env_key(os.path.join(t["dir"], "vllm.env"), envfile) or _sglang_api_key(t["dir"])
+                t["api_key"] = key
         out["target"] = t
     return out

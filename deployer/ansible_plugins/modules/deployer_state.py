@@ -29,6 +29,11 @@ options:
     description: Also return the target release's API key (use C(no_log) on the task).
     type: bool
     default: false
+  secrets:
+    description:
+      - With I(probe), the live secret files as the deploy would write them (file name in C(root/secrets) ->
+        content); compared on the host, returned only as C(probe.secrets_current), never logged.
+    type: dict
   probe:
     description:
       - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
@@ -105,13 +110,14 @@ probe:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import host_state, probe, probe_host_of
+from ansible.module_utils.releases import host_state, probe, probe_host_of, secrets_current
 
 
 def main():
     m = AnsibleModule(argument_spec=dict(root=dict(type="path", required=True),
                                          service=dict(type="str", required=True),
                                          target=dict(type="str"),
+                                         secrets=dict(type="dict", no_log=True),
                                          want_secrets=dict(type="bool", default=False),
                                          probe=dict(type="dict")),
                       supports_check_mode=True)
@@ -127,6 +133,8 @@ def main():
             (q.get("host") or "127.0.0.1")
         out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), port, live,
                              [f for f in q.get("files") or [] if f], host)
+        if p["secrets"] is not None:
+            out["probe"]["secrets_current"] = secrets_current(p["root"], p["secrets"])
     m.exit_json(changed=False, **out)
 
 

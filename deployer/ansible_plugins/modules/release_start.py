@@ -14,7 +14,27 @@ description:
     is counted from this start on, also when the old server was restarted out of C(auto-restart).
   - Just before a restart asks the old server's C(/health) on I(port) one last time and returns when
     (C(old_server)), so the downtime is measured from the old server's last answer.
+  - With I(dropin), installs the unit drop-in that hands the live secrets to whatever release runs; with
+    I(secrets), writes the live secret files (0600, root's, in I(secrets_dir), 0700). A changed drop-in or
+    secret restarts the server (it reads them at start). Without I(secrets) (a rollback) the live secrets are
+    left as they are (an empty environment file is made if there is none, so the drop-in can be read).
 options:
+  dropin_path:
+    description: The drop-in's path (C(/etc/systemd/system/<service>.service.d/deployer-secrets.conf)).
+    type: path
+  dropin:
+    description: The drop-in's content (no secrets in it, only the path of the live secrets file).
+    type: str
+  secrets_dir:
+    description: Root's directory of the live secrets (made 0700 if missing).
+    type: path
+  secrets_env_file:
+    description: The name, in I(secrets_dir), of the environment file the drop-in names.
+    type: str
+    default: server.env
+  secrets:
+    description: File name in I(secrets_dir) -> content; never logged, never shown in a diff.
+    type: dict
   unit_src:
     description: The release's unit file.
     type: path
@@ -64,6 +84,14 @@ unit_changed:
   description: The unit file differed and was replaced.
   returned: always
   type: bool
+dropin_changed:
+  description: The secrets drop-in differed and was replaced.
+  returned: always
+  type: bool
+secrets_changed:
+  description: A live secret file differed and was replaced (its content is never returned).
+  returned: always
+  type: bool
 old_server:
   description: Whether the old server answered /health just before the restart (ok) and when (at, epoch seconds on the host); null without a restart.
   returned: always
@@ -86,38 +114,91 @@ def read(path):
         return None
 
 
+def write_atomic(path, content, mode):
+    """``content`` to ``path`` through a temp file in the same (root's) directory and a rename."""
+    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(path))
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+        os.rename(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def secrets_to_write(m, p):
+    """{path: content} of the live secret files that differ (or are missing), after making the directory."""
+    d = p["secrets_dir"]
+    if not d:
+        return {}
+    st = os.lstat(d) if os.path.lexists(d) else None
+    if st is not None and (not os.path.isdir(d) or os.path.islink(d) or st.st_uid != 0):
+        m.fail_json(msg="%s: expected root's directory for the live secrets; not touched" % d)
+    want = dict(p["secrets"] or {})
+    if p["secrets"] is None:   # a rollback: keep the live secrets; only make sure the drop-in's file exists
+        env = os.path.join(d, p["secrets_env_file"])
+        return {} if os.path.exists(env) else {env: "# no live secrets yet (written by deployer up)\n"}
+    out = {}
+    for name, content in sorted(want.items()):
+        if "/" in name or name in ("", ".", ".."):
+            m.fail_json(msg="secrets: expected plain file names, got %r" % name)
+        path = os.path.join(d, name)
+        if read(path) != content:
+            out[path] = content
+    return out
+
+
 def main():
     m = AnsibleModule(argument_spec=dict(unit_src=dict(type="path", required=True),
                                          unit_path=dict(type="path", required=True),
                                          service=dict(type="str", required=True),
                                          port=dict(type="int", required=True),
-                                         host=dict(type="str", default="127.0.0.1")),
+                                         host=dict(type="str", default="127.0.0.1"),
+                                         dropin_path=dict(type="path"),
+                                         dropin=dict(type="str"),
+                                         secrets_dir=dict(type="path"),
+                                         secrets_env_file=dict(type="str", default="server.env"),
+                                         secrets=dict(type="dict", no_log=True)),
                       supports_check_mode=True)
     p = m.params
     new, old = read(p["unit_src"]), read(p["unit_path"])
     if new is None:
         m.fail_json(msg="release unit %s not found" % p["unit_src"])
     unit_changed = new != old
+    dropin_changed = bool(p["dropin_path"]) and read(p["dropin_path"]) != p["dropin"]
+    new_secrets = secrets_to_write(m, p)
+    secrets_changed = bool(new_secrets) and p["secrets"] is not None
     rc, out, _err = m.run_command(["systemctl", "show", p["service"], "-p", "ActiveState", "-p", "SubState",
                                    "-p", "UnitFileState"])
     props = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
     down = props.get("SubState") == "auto-restart" or props.get("ActiveState") == "failed"
     running = props.get("ActiveState") in ("active", "activating", "reloading")
-    restart = unit_changed or down
+    restart = unit_changed or down or ((dropin_changed or secrets_changed) and running)
     start = not restart and not running
     enable = props.get("UnitFileState") != "enabled"
-    res = dict(changed=unit_changed or restart or start or enable, restarted=restart or start,
-               unit_changed=unit_changed, old_server=None)
+    res = dict(changed=unit_changed or restart or start or enable or dropin_changed or bool(new_secrets),
+               restarted=restart or start, unit_changed=unit_changed, dropin_changed=dropin_changed,
+               secrets_changed=secrets_changed, old_server=None)
     if m._diff and unit_changed:
         res["diff"] = {"before": old or "", "after": new, "before_header": p["unit_path"], "after_header": p["unit_src"]}
     if m.check_mode:
         m.exit_json(**res)
+    if new_secrets:
+        if not os.path.isdir(p["secrets_dir"]):
+            os.mkdir(p["secrets_dir"], 0o700)
+        os.chmod(p["secrets_dir"], 0o700)
+        for path, content in new_secrets.items():
+            write_atomic(path, content, 0o600)
+    if dropin_changed:
+        d = os.path.dirname(p["dropin_path"])
+        if not os.path.isdir(d):
+            os.mkdir(d, 0o755)
+        write_atomic(p["dropin_path"], p["dropin"], 0o644)
     if unit_changed:
-        fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(p["unit_path"]))
-        with os.fdopen(fd, "w") as f:
-            f.write(new)
-        os.chmod(tmp, 0o644)
-        os.rename(tmp, p["unit_path"])
+        write_atomic(p["unit_path"], new, 0o644)
+    if unit_changed or dropin_changed:
         m.run_command(["systemctl", "daemon-reload"], check_rc=True)
     if restart:
         code = http_health(p["port"], p["host"]) if running else None
