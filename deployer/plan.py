@@ -22,6 +22,8 @@ unit                what the unit needs beyond argv/env: user, writable paths, d
                     the log-line wrapper's path (None: the engine is the main process)
 api_protected       clients must send the API key (or the server listens on loopback only)
 port                serving port (loopback checks use it)
+extra_args_count    how many words at the argv's end are the operator's extra_args (the verify stage asks the
+                    engine's own parser that they set no managed flag)
 probe_host          where the host's own checks reach the server: the bound address, loopback when it binds all
 probe_url           ``http://<probe_host>:<port>`` (IPv6 in brackets): health, watch and smoke ask this
 served_model_name   the ``model`` clients send
@@ -239,6 +241,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     probe = probe_host(bind)
     return {
         "backend": backend, "engine": dict(ENGINES[backend], name=backend, version=version),
+        "extra_args_count": len((s.get("extra_args") if backend == "vllm" else s.get("sglang_extra_args")) or []),
         "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{s.get('port')}",
         "vllm_version": version if backend == "vllm" else None, "venv": venv, "python": f"{venv}/bin/python",
         "credentials": credentials,

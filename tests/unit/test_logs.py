@@ -95,7 +95,8 @@ def test_fatal_lines():
                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB."])
     assert st2.fatal[0] == "cuda_oom"
     st3 = feed_all(["Traceback (most recent call last):", "ValueError: No available memory for the cache blocks."])
-    assert st3.fatal == ("traceback", "ValueError: No available memory for the cache blocks.")
+    # named as what it is (issue 21: a root cause with its advice), no longer a generic traceback
+    assert st3.fatal == ("kv_cache_too_small", "ValueError: No available memory for the cache blocks.")
 
 
 def test_unknown_lines_never_break():

@@ -274,3 +274,36 @@ def test_a_lock_holder_is_judged_by_machine_boot_pid_and_start_time():
     assert cid.holder_state(dict(alive, boot_id="0"), me)[0] == "gone"
     # a record without the identity (an older deployer's): only its time-to-live may free it
     assert cid.holder_state({"controller": "x", "pid": 2 ** 22 + 7}, me)[0] == "unknown"
+
+
+# ------------------------------------------------------------------ 13: disk given back
+def test_an_abandoned_drafter_copy_is_collected_but_the_running_ones_is_not():
+    # guards: .incoming-* staging dirs of interrupted copies were never collected
+    from deployer.ansible_plugins.module_utils.releases import plan_collect
+    present = ["aaaa", ".incoming-bbbb", ".incoming-cccc", ".trash-dddd"]
+    kept = [{"drafter_dir": "/d/aaaa"}]
+    assert plan_collect("/d", present, kept, "drafter_dir", in_use=["/d/cccc"]) == [".incoming-bbbb", ".trash-dddd"]
+
+
+def test_removing_a_venv_gives_back_the_uv_cache_entries_only_it_used(tmp_path):
+    # guards: venvs are hard links into <root>/cache/uv, which nothing pruned: removing a venv freed almost nothing
+    from deployer.ansible_plugins.module_utils.releases import prune, unused_uv_archives
+    cache = tmp_path / "cache" / "uv" / "archive-v0"
+    venvs, rels = tmp_path / "venvs", tmp_path / "releases"
+    for name in ("only-old", "shared"):
+        (cache / name).mkdir(parents=True)
+        (cache / name / "mod.py").write_text(name)
+    for v in ("old", "new"):
+        (venvs / v / "lib").mkdir(parents=True)
+    os.link(cache / "only-old" / "mod.py", venvs / "old" / "lib" / "mod.py")
+    os.link(cache / "shared" / "mod.py", venvs / "old" / "lib" / "shared.py")
+    os.link(cache / "shared" / "mod.py", venvs / "new" / "lib" / "shared.py")
+    rels.mkdir()
+    for i, v in enumerate(("new", "new")):
+        (rels / f"r{i}").mkdir()
+        (rels / f"r{i}" / "release.json").write_text(json.dumps({"venv": str(venvs / v), "deployed_at": i}))
+    assert unused_uv_archives(tmp_path / "cache" / "uv") == []
+    _removed, _kept, collected = prune(str(rels), 5, [], str(venvs), None, (), False, str(tmp_path / "cache" / "uv"))
+    assert str(venvs / "old") in collected and str(cache / "only-old") in collected
+    assert not (cache / "only-old").exists() and (cache / "shared" / "mod.py").read_text() == "shared"
+    assert (venvs / "new" / "lib" / "shared.py").exists()

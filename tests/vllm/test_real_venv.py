@@ -24,7 +24,7 @@ def clone(tmp_path_factory):
     return d
 
 
-def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=False, **load):
+def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=False, raw_extra=(), **load):
     """vLLM's own checks on a rendered argv.  ``config_only``: the argv names a drafter directory that does not
     exist yet (its weights still being copied) and the verifier reads the drafter's config.json, shipped ahead,
     from another directory (``--drafter-dir``), as the verify role runs it beside the drafter copy."""
@@ -43,6 +43,9 @@ def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=Fal
                                  gpu_memory_utilization=0.9, max_model_len=131072,
                                  speculative={"method": "eagle3", "model": str(tmp_path / "drafter"),
                                               "num_speculative_tokens": 3}, **load))
+    argv += list(raw_extra)    # words the controller's own guard never saw (what the engine's parser must catch)
+    n_extra = len(load.get("extra_args") or []) + len(raw_extra)
+    extra += ["--extra-args", str(n_extra)] if n_extra else []
     (tmp_path / "argv.json").write_text(json.dumps(argv))
     r = subprocess.run([str(clone / "bin/python"), str(ROOT / "roles/verify/files/vllm_verify.py"),
                         "--argv-json", str(tmp_path / "argv.json"), "--platform", platform, *extra],
@@ -70,8 +73,16 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
     assert pe.apply(root)["patches"] == ["P1", "P2", "P3", "P4", "P5"]
     # the load knobs the deployer exposes pass vLLM's own parser and config (deployer/serve.py)
     rc, checks = verify(clone, tmp_path / "after", platform="auto", safetensors_load_strategy="eager",
-                        model_loader_extra_config={"enable_multithread_load": True, "num_threads": 8})
+                        model_loader_extra_config={"enable_multithread_load": True, "num_threads": 8},
+                        extra_args=["--max-num-seqs", "8"])
     assert rc == 0, checks
+    assert checks["managed_flags"]["ok"] and checks["managed_flags"]["detail"]["extra_args"] == ["--max-num-seqs", "8"]
+    # guards (issue 20, item 3): vLLM's own parser on the extra words, whatever the spelling: an abbreviation
+    # (--ho is --host), a dotted sub-key merged into the speculative config; refused before any restart
+    rc, checks = verify(clone, tmp_path / "sneaky", raw_extra=["--ho", "10.9.8.7",
+                                                                "--speculative-config.num_speculative_tokens", "5"])
+    assert rc == 1 and not checks["managed_flags"]["ok"], checks
+    assert "host, speculative_config" in checks["managed_flags"]["error"]
     assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
                                                    "DeepseekV2ForCausalLM": True}
     assert checks["config_validation"]["detail"]["speculative_method"] == "eagle3"

@@ -53,13 +53,46 @@ def plan_prune(releases, keep, protected_ids):
 def plan_collect(store_dir, present, kept_manifests, key, in_use=()):
     """Pure: which entries of a shared store (venvs/, drafters/) no kept release uses.  ``present``: the
     names in ``store_dir``; ``key``: the manifest field holding the path ("venv", "drafter_dir");
-    ``in_use``: paths the running deploy needs (its own venv and drafter), never collected.  Hidden
-    names (``.incoming-*``: a resumable drafter copy) are left alone, except ``.trash-*`` (a removal
-    that was interrupted)."""
+    ``in_use``: paths the running deploy needs (its own venv and drafter), never collected.  Hidden names are
+    left alone, except ``.trash-*`` (a removal that was interrupted) and ``.incoming-<name>`` (a drafter copy
+    that was interrupted) when ``<name>`` is not what the running deploy ships: an abandoned copy nothing will
+    resume (the running deploy's own staging dir is resumed, never collected)."""
     keep = {os.path.normpath(p) for p in in_use if p}
     keep |= {os.path.normpath(m[key]) for m in kept_manifests if m.get(key)}
-    return sorted(n for n in present if n.startswith(".trash-")
+
+    def abandoned(n):
+        return n.startswith(".incoming-") and \
+            os.path.normpath(os.path.join(store_dir, n[len(".incoming-"):])) not in keep
+    return sorted(n for n in present if n.startswith(".trash-") or abandoned(n)
                   or (not n.startswith(".") and os.path.normpath(os.path.join(store_dir, n)) not in keep))
+
+
+def unused_uv_archives(uv_cache_dir):
+    """The entries of uv's cache (``archive-v*/<id>``: an unpacked wheel) that no venv uses: the venvs are
+    hard-linked into it, so an entry none of whose files has another link is used by none.  Removing a venv frees
+    its disk only once these go too (uv fetches an entry again if it is ever needed)."""
+    out = []
+    try:
+        stores = [os.path.join(uv_cache_dir, d) for d in os.listdir(uv_cache_dir) if d.startswith("archive-v")]
+    except OSError:
+        return out
+    for store in stores:
+        for name in sorted(os.listdir(store)):
+            entry = os.path.join(store, name)
+            if name.startswith(".") or os.path.islink(entry) or not os.path.isdir(entry):
+                continue
+            shared = False
+            for dirpath, _dirs, files in os.walk(entry):
+                for f in files:
+                    st = os.lstat(os.path.join(dirpath, f))
+                    if st.st_nlink > 1:
+                        shared = True
+                        break
+                if shared:
+                    break
+            if not shared:
+                out.append(entry)
+    return out
 
 
 def record(release_dir, result, facts, check_mode=False):
@@ -82,9 +115,11 @@ def record(release_dir, result, facts, check_mode=False):
     return changed, before, after
 
 
-def prune(releases_dir, keep, protect_links, venvs_dir=None, drafters_dir=None, in_use=(), check_mode=False):
+def prune(releases_dir, keep, protect_links, venvs_dir=None, drafters_dir=None, in_use=(), check_mode=False,
+          uv_cache_dir=None):
     """Keep ``keep`` releases (never the targets of ``protect_links``), then remove the venvs and drafters no
-    kept release uses.  Returns (removed release ids, kept ids, collected paths)."""
+    kept release uses, and (when a venv went) the entries of ``uv_cache_dir`` no venv uses any more.  Returns
+    (removed release ids, kept ids, collected paths)."""
     import shutil
     if not os.path.isdir(releases_dir):
         return [], [], []
@@ -113,6 +148,14 @@ def prune(releases_dir, keep, protect_links, venvs_dir=None, drafters_dir=None, 
             if trash != path:
                 os.rename(path, trash)
             shutil.rmtree(trash)
+    if uv_cache_dir and any(os.path.dirname(c) == venvs_dir for c in collected):
+        archives = unused_uv_archives(uv_cache_dir)
+        collected += archives
+        if not check_mode:
+            for path in archives:
+                trash = os.path.join(os.path.dirname(path), ".trash-" + os.path.basename(path))
+                os.rename(path, trash)
+                shutil.rmtree(trash, ignore_errors=True)
     return removed, sorted(r["id"] for r in kept), collected
 
 

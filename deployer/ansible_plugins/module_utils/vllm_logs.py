@@ -30,12 +30,19 @@ RX = {
     "model_took": re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"),
     "compile": re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total|Dynamo bytecode transform time|"
                           r"Using cache directory: .*torch_compile_cache"),
-    "compile_hit": re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache, took"),
+    # a warm start: 0.16/0.18 "Directly load the compiled graph(s) ... from the cache"; 0.20+ (recorded on an H200,
+    # docs/real-engine.md) "Directly load AOT compilation from path ..." after a sub-second "Compiling a graph"
+    "compile_hit": re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache, took|"
+                              r"Directly load AOT compilation from path"),
     "compile_miss": re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s"),
     "kv": re.compile(r"GPU KV cache size: ([\d,]+) tokens|Available KV cache memory: ([\d.]+) GiB"),
     "graphs": re.compile(r"Capturing CUDA graphs \(([^)]*)\):\s+(\d+)%.*?(\d+)/(\d+)"),
     "graphs_done": re.compile(r"Graph capturing finished in (\d+) secs"),
-    "engine": re.compile(r"init engine \(.*?\) took ([\d.]+) s"),
+    "engine": re.compile(r"init engine \(.*?\) took ([\d.]+) s(?:econds)?(?: \(compilation: ([\d.]+) s\))?"),
+    # vLLM 0.20's --safetensors-load-strategy prefetch (weight_utils.py) and the multi-thread loader
+    # (enable_multithread_load: "Multi-thread loading shards: N% Completed | k/n")
+    "prefetch": re.compile(r"Prefetching checkpoint files:\s+(\d+)% \((\d+)/(\d+)\)"),
+    "mt_shards": re.compile(r"Multi-thread loading shards:\s+(\d+)% Completed \| (\d+)/(\d+)"),
     "api": re.compile(r"Starting vLLM (?:API )?server"),
     "ready": re.compile(r"Application startup complete"),
     "spec": re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?Avg Draft acceptance rate: ([\d.]+)%"),
@@ -63,6 +70,13 @@ FATAL = (
                                r"(?:Worker|Engine core) proc \S+ died unexpectedly|"
                                r"WorkerProc (?:failed to start|initialization failed|failed\.|hit an exception)")),
     ("validation", re.compile(r"pydantic_core\._pydantic_core\.ValidationError|ValidationError: \d+ validation error")),
+    # recorded on a real GPU (docs/real-engine.md): each names its root cause, advice() says what to change
+    ("kv_cache_too_small", re.compile(r"KV cache is needed, which is larger than the available KV cache memory|"
+                                      r"No available memory for the cache blocks")),
+    ("checkpoint_corrupt", re.compile(r"SafetensorError: Error while deserializing header|"
+                                      r"incomplete metadata, file not fully covered|HeaderTooLarge|MetadataIncompleteBuffer")),
+    ("gpu_memory_in_use", re.compile(r"Free memory on device .* on startup is less than desired GPU memory utilization")),
+    ("drafter_shape", re.compile(r"mat1 and mat2 shapes cannot be multiplied")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt|Failed)\b.*:")
@@ -91,6 +105,34 @@ def fold_fatal(found, line):
                 return (kind, line), True
             return found, True
     return found, False
+
+
+def advice(kind, line, settings=None):
+    """What an operator changes for a root cause, in one line (the measured value from vLLM's own message)."""
+    settings = settings or {}
+    if kind == "kv_cache_too_small":
+        est = re.search(r"estimated maximum model length is (\d+)", line)
+        need = re.search(r"max seq len \((\d+)\)", line)
+        return ("the KV cache cannot hold one request of deployer_max_model_len (%s tokens)%s: lower "
+                "deployer_max_model_len%s or raise deployer_gpu_memory_utilization"
+                % (need.group(1) if need else settings.get("max_model_len", "?"),
+                   "; vLLM estimates at most %s fit" % est.group(1) if est else "",
+                   " to <= %s" % est.group(1) if est else ""))
+    if kind == "checkpoint_corrupt":
+        return ("a checkpoint shard is truncated or corrupt (its safetensors header does not match its size): "
+                "download it again; preflight compares every shard's size with its header")
+    if kind == "gpu_memory_in_use":
+        return ("another process holds GPU memory at start: stop it (nvidia-smi lists it) or lower "
+                "deployer_gpu_memory_utilization")
+    if kind == "drafter_shape":
+        return ("the drafter does not fit the target (its fc input is not aux layers x target hidden size): the "
+                "target captures other layers than the drafter was trained on; deployer's drafter check names them")
+    if kind == "killed":
+        return ("the engine was killed without a message (SIGKILL): on a real host usually the kernel's OOM killer "
+                "(journalctl -k | grep -i 'out of memory'); give the host more RAM or lower the load's footprint")
+    if kind == "cuda_oom":
+        return "GPU memory ran out: lower deployer_gpu_memory_utilization or deployer_max_model_len"
+    return ""
 
 
 def root_cause(lines):
@@ -141,6 +183,7 @@ class LoadState(object):
         self.fatal_t = None         # when the first fatal line came
         self.warnings = []
         self.facts = {}             # numbers read on the way: weights_seconds, kv_tokens, ...
+        self.compile_passes = []    # torch.compile seconds, one per compiled module (backbone, EAGLE head)
 
     def _enter(self, phase, t):
         if PHASES.index(phase) < PHASES.index(self.phase):
@@ -263,8 +306,13 @@ def _r_compile_cache(value):
 
 
 def _r_compile(st, m, t):
+    # vLLM 0.20 compiles the target's backbone and the EAGLE head separately, each with its own
+    # "torch.compile took X s in total": the phase's seconds are their sum
     st._enter("compile", t)
-    _fact("compile_seconds")(st, m, t)
+    if m.group(1):
+        st.compile_passes.append(float(m.group(1)))
+        st.facts["compile_seconds"] = round(sum(st.compile_passes), 3)
+        st.facts["compile_passes"] = len(st.compile_passes)
 
 
 def _r_kv(st, m, t):
@@ -286,7 +334,18 @@ def _r_graphs_done(st, m, t):
 
 def _r_engine(st, m, t):
     st.facts["engine_init_seconds"] = float(m.group(1))
+    if m.group(2):          # 0.20+: vLLM's own total of the compile passes
+        st.facts["compile_seconds"] = float(m.group(2))
     st._enter("api", t)
+
+
+def _r_prefetch(st, m, t):
+    # vLLM reads the shards into the page cache in the background: progress of the weights phase
+    st._enter("weights", t)
+    if st.phase == "weights":
+        st.progress = (int(m.group(2)), int(m.group(3)))
+        st.facts["prefetch"] = True
+    st.last_progress_t = t
 
 
 def _enter(phase):
@@ -297,6 +356,8 @@ def _enter(phase):
 RULES = (
     ("start", _r_start),
     ("shards", _r_shards),
+    ("mt_shards", _r_shards),
+    ("prefetch", _r_prefetch),
     ("weights_took", _r_weights_took),
     ("drafter", _enter("drafter")),
     ("model_took", _r_model_took),

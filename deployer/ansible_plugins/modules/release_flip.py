@@ -39,6 +39,11 @@ options:
     type: list
     elements: path
     default: []
+  uv_cache_dir:
+    description:
+      - The host's uv cache. When a venv is collected, the cache entries no venv uses any more (none of their
+        files has another hard link) go too, so that removing a venv gives its disk back.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -94,7 +99,8 @@ def main():
                                          record=dict(type="bool", default=True),
                                          facts=dict(type="dict", default={}),
                                          keep=dict(type="int", default=5),
-                                         in_use=dict(type="list", elements="path", default=[])),
+                                         in_use=dict(type="list", elements="path", default=[]),
+                                         uv_cache_dir=dict(type="path")),
                       supports_check_mode=True)
     p = m.params
     root, rel = p["root"], p["release_dir"].rstrip("/")
@@ -110,7 +116,7 @@ def main():
         changed |= record(rel, "live", p["facts"], m.check_mode)[0]
     removed, _kept, collected = prune(os.path.join(root, "releases"), p["keep"], [cur_link, prev_link],
                                       os.path.join(root, "venvs"), os.path.join(root, "drafters"), p["in_use"],
-                                      m.check_mode)
+                                      m.check_mode, p["uv_cache_dir"])
     prev = os.readlink(prev_link) if os.path.islink(prev_link) else None
     m.exit_json(changed=changed or bool(removed or collected), moved=moved, removed=removed, collected=collected,
                 current=rel, previous=(old if moved and old else prev))

@@ -27,6 +27,14 @@ STARTED = time.time()   # the report's seconds: the whole run, engine import inc
 CREDENTIALS_TOKEN = "{credentials}"
 
 
+# ServerArgs fields of the flags the deployer sets itself (deployer/serve_sglang.py MANAGED_FLAGS)
+MANAGED_DESTS = {"model_path", "served_model_name", "host", "port", "tp_size", "trust_remote_code",
+                 "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+                 "speculative_eagle_topk", "speculative_num_draft_tokens", "attention_backend",
+                 "speculative_draft_attention_backend", "kv_cache_dtype", "mem_fraction_static", "context_length",
+                 "tool_call_parser", "reasoning_parser", "api_key", "enable_metrics", "device"}
+
+
 def ran_as():
     """Who ran the checks (the verify stage runs them as the service user, in a transient sandboxed unit)."""
     import pwd
@@ -43,6 +51,9 @@ def main():
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
     ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu", help="accepted for the role's sake; "
                     "SGLang resolves with the device forced to cuda")
+    ap.add_argument("--extra-args", type=int, default=0,
+                    help="how many words at the argv's end are the operator's extra_args: SGLang's own parser must "
+                    "not see them set any flag the deployer manages, whatever the spelling")
     ap.add_argument("--drafter-dir", help="read the drafter's config.json from here instead of the argv's path "
                     "(its config shipped ahead of the weights: the checks run while the weights are copied)")
     a = ap.parse_args()
@@ -112,7 +123,20 @@ def main():
                                "set_eagle3_layers_to_capture (SGLang would say so after the weight load)")
         return {"KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture": True}
 
+    def managed_flags():
+        # what SGLang's own parser makes of the extra words (prefixes, --config FILE): none may change a setting
+        # the deployer sets from its own variables
+        base = vars(prepare_server_args(list(serve_argv[:-a.extra_args])))
+        full = vars(state["args"])
+        changed = sorted(d for d in MANAGED_DESTS if d in base and base.get(d) != full.get(d))
+        if changed:
+            raise RuntimeError("sglang_extra_args %s set %s, which the deployer manages (set its own variable)"
+                               % (serve_argv[-a.extra_args:], ", ".join(changed)))
+        return {"extra_args": serve_argv[-a.extra_args:]}
+
     if check("sglang_argparse", parse):
+        if a.extra_args > 0:
+            check("managed_flags", managed_flags)
         check("sglang_server_args", resolve)
     if "--speculative-algorithm" in serve_argv:
         check("eagle3_hook", eagle3)

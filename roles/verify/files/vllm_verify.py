@@ -21,7 +21,11 @@ import sys
 import time
 import traceback
 
-STARTED = time.time()   # the report's seconds: the whole run, engine import included
+STARTED = time.time()
+# The parser destinations of the flags the deployer sets itself (deployer/serve.py MANAGED_FLAGS)
+MANAGED_DESTS = {"model_tag", "model", "served_model_name", "host", "port", "tensor_parallel_size",
+                 "gpu_memory_utilization", "max_model_len", "trust_remote_code", "speculative_config", "api_key",
+                 "safetensors_load_strategy", "model_loader_extra_config"}   # the report's seconds: the whole run, engine import included
 
 
 def ran_as():
@@ -40,6 +44,9 @@ def main():
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
     ap.add_argument("--skip-config", action="store_true")
     ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu")
+    ap.add_argument("--extra-args", type=int, default=0,
+                    help="how many words at the argv's end are the operator's extra_args: vLLM's own parser must "
+                    "not see them set any flag the deployer manages, whatever the spelling")
     ap.add_argument("--drafter-dir", help="read the drafter's config.json from here instead of the argv's path "
                     "(its config shipped ahead of the weights: the checks run while the weights are copied)")
     a = ap.parse_args()
@@ -104,14 +111,17 @@ def main():
 
     holder = {}
 
-    def parse():
+    def parse_with_vllm(words):
         from vllm.entrypoints.cli.serve import ServeSubcommand
-        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
         from vllm.utils.argparse_utils import FlexibleArgumentParser
         parser = FlexibleArgumentParser(prog="vllm")
         subparsers = parser.add_subparsers(required=True, dest="subparser")
         ServeSubcommand().subparser_init(subparsers)
-        ns = parser.parse_args(serve_argv)
+        return parser.parse_args(words)
+
+    def parse():
+        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+        ns = parse_with_vllm(list(serve_argv))
         validate_parsed_serve_args(ns)
         if getattr(ns, "model_tag", None):
             ns.model = ns.model_tag
@@ -119,6 +129,22 @@ def main():
         return {"model": ns.model, "tensor_parallel_size": ns.tensor_parallel_size,
                 "speculative_config": dict(ns.speculative_config or {})}
     parsed = check("argument_parser", parse)
+
+    if parsed and a.extra_args > 0:
+        def managed_flags():
+            # what vLLM's own parser makes of the extra words (prefixes, dotted sub-keys, --config FILE, --no-X):
+            # none may change a destination the deployer sets from its own settings
+            base = vars(parse_with_vllm(list(serve_argv[:-a.extra_args])))
+            if base.get("model_tag"):
+                base["model"] = base["model_tag"]      # as parse() does for the full argv
+            full = vars(holder["args"])
+            changed = sorted(d for d in MANAGED_DESTS if d in base and base.get(d) != full.get(d))
+            if changed:
+                raise RuntimeError("extra_args %s set %s, which the deployer manages (set its own variable): %s"
+                                   % (serve_argv[-a.extra_args:], ", ".join(changed),
+                                      "; ".join("%s: %r -> %r" % (d, base.get(d), full.get(d)) for d in changed)))
+            return {"extra_args": serve_argv[-a.extra_args:], "managed_unchanged": sorted(MANAGED_DESTS & set(base))}
+        check("managed_flags", managed_flags)
 
     if parsed and not a.skip_config:
         def config():

@@ -1,0 +1,88 @@
+"""The load watcher on REAL engine output (issue 21): vLLM 0.20.0 on an H200, launched with the deployer's own argv,
+every byte recorded with its arrival time (tests/fixtures/real-gpu/, made by bench/real_engine/harness.py; the
+results table is docs/real-engine.md).  Replayed as the unit's log-line wrapper splits it.  Each case says what
+it guards; the stand-in is not the truth, these recordings are."""
+import json
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "bench" / "real_engine"))
+from replay import replay  # noqa: E402
+
+RUNS = ROOT / "tests" / "fixtures" / "real-gpu" / "vllm-0.20.0-h200"
+PREWARM = ROOT / "tests" / "fixtures" / "real-gpu" / "vllm-0.20.0-h200-prewarm"
+FULL = ["weights", "drafter", "compile", "kv_cache", "graphs", "api", "ready"]
+
+
+@pytest.mark.parametrize("run", ["good_second", "good_warm", "bad_drafter"])
+def test_a_real_load_goes_through_every_phase_in_order_with_live_percentages(run):
+    r = replay(RUNS / run)
+    assert r["phases"] == FULL
+    # the CUDA-graph bar (two passes on 0.20: PIECEWISE, then FULL) is seen live, up to 100 %
+    assert len(r["percents"]["graphs"]) > 20 and max(r["percents"]["graphs"]) == 100.0
+    assert r["percents"]["weights"][-1] == 100.0 and r["percents"]["drafter"][-1] == 100.0
+    assert r["ready_seconds"] and r["health"][-1]["status"] == 200
+
+
+def test_compile_cache_and_seconds_from_0_20_s_own_wording():
+    # guards: 0.20 says "Directly load AOT compilation from path" on a warm start (the parser knew only the
+    # 0.16/0.18 wording: `releases` showed miss on every warm restart), and logs "torch.compile took ... in total"
+    # once per compiled module (backbone 19.43 s, EAGLE head 10.00 s: the parser kept only the last)
+    cold, warm = replay(RUNS / "good_second")["snapshot"]["facts"], replay(RUNS / "good_warm")["snapshot"]["facts"]
+    assert cold["compile_cache"] == "miss" and warm["compile_cache"] == "hit"
+    assert cold["compile_passes"] == 2 and cold["compile_seconds"] == pytest.approx(29.43)
+    assert warm["compile_seconds"] == pytest.approx(2.80)       # 2.01 + 0.79; 0.20's own total says the same
+    assert cold["engine_init_seconds"] == pytest.approx(55.76) and cold["weights_seconds"] == pytest.approx(0.09)
+    assert cold["kv_cache_tokens"] == 8036704
+
+
+@pytest.mark.parametrize("run,kind,line,advice", [
+    ("bad_drafter", "drafter_shape", "mat1 and mat2 shapes cannot be multiplied (30x2048 and 3072x1024)",
+     "the drafter does not fit the target"),
+    ("kv_too_small", "kv_cache_too_small", "KV cache is needed, which is larger than the available KV cache memory",
+     "lower deployer_max_model_len to <= 720 or raise deployer_gpu_memory_utilization"),
+    ("truncated_shard", "checkpoint_corrupt", "Error while deserializing header: incomplete metadata",
+     "a checkpoint shard is truncated or corrupt"),
+])
+def test_each_real_failure_is_named_by_its_root_cause_with_advice(run, kind, line, advice):
+    # guards: the generic "Traceback"/"Engine core initialization failed" lines never stand for the cause
+    r = replay(RUNS / run)
+    assert r["root_cause"][0] == kind and line in r["root_cause"][1], r["root_cause"]
+    assert advice in r["advice"]
+    if run != "bad_drafter":     # died during the load: the watcher names it there, in the phase it died in
+        assert r["snapshot"]["fatal"]["kind"] == kind
+        assert r["phases"][-1] == ("compile" if run == "kv_too_small" else "weights")
+    else:                         # served, then died on the first request: /health 200, then gone
+        assert [h["status"] for h in r["health"]] == [0, 200] and r["api"]["chat"]["status"] == 500
+        assert r["api"]["health_after"]["status"] in (0, 503)
+
+
+def test_the_spec_decode_counters_of_a_real_server():
+    from deployer.ansible_plugins.module_utils.vllm_logs import spec_decode_delta, spec_decode_stats
+    api = replay(RUNS / "good_second")["api"]
+    after = spec_decode_stats(api["metrics_after_five"]["body"])
+    assert after["present"] and after["num_drafts"] > 0 and after["num_draft_tokens"] == 3 * after["num_drafts"]
+    one = spec_decode_delta(spec_decode_stats(api["metrics_before"]["body"]),
+                            spec_decode_stats(api["metrics_after_one"]["body"]))
+    assert one["drafts"] > 0 and one["acceptance_rate"] is not None   # random weights: the rate is ~0, not absent
+
+
+@pytest.mark.parametrize("run,weights_seconds,prefetch", [("big_cold", 19.76, None), ("big_prewarmed", 5.32, None),
+                                                          ("big_prefetch", 17.52, True)])
+def test_the_page_cache_runs_weights_phase_and_vllm_s_own_prefetch_progress(run, weights_seconds, prefetch):
+    # guards: 0.20's --safetensors-load-strategy prefetch prints "Prefetching checkpoint files: N% (k/n)": the
+    # watcher shows it as the weights phase's progress
+    r = replay(PREWARM / run)
+    facts = r["snapshot"]["facts"]
+    assert facts["weights_seconds"] == pytest.approx(weights_seconds) and facts.get("prefetch") is prefetch
+    assert r["phases"][0] == "weights" and r["phases"][-1] == "ready"
+    assert len(r["percents"]["weights"]) >= 8
+
+
+def test_the_verifier_passed_on_the_real_cuda_platform():
+    rep = json.loads((RUNS / "verify" / "verify_auto.json").read_text().split("DEPLOYER-VERIFY ", 1)[-1])
+    assert rep["ok"] and rep["platform"].startswith("NvmlCudaPlatform") and rep["vllm_version"] == "0.20.0"
+    assert {c["name"] for c in rep["checks"]} == {"supports_eagle3", "argument_parser", "config_validation"}
