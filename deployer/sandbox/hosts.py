@@ -195,13 +195,55 @@ def write_model_dir(root: Path, shards: int = 64) -> None:
     (root / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 262144}))
 
 
-def write_drafter_dir(root: Path) -> Path:
-    """The drafter checkpoint on the *controller* (the operator's machine), shipped by the drafter role."""
+def drafter_tensors(cfg: dict | None = None, fc_in: int | None = None) -> dict:
+    """The tensors of AQ-MedAI/Kimi-K25-eagle3 (LlamaForCausalLMEagle3): names and shapes as the checkpoint has
+    them, so that the drafter check reads what it would read on a real host."""
+    c = cfg or drafter_config()
+    h, heads, kv, hd, inter = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], \
+        c["intermediate_size"]
+    return {"fc.weight": ("BF16", [h, fc_in or 3 * h]), "d2t": ("I64", [c["draft_vocab_size"]]),
+            "t2d": ("BOOL", [c["vocab_size"]]), "lm_head.weight": ("BF16", [c["draft_vocab_size"], h]),
+            "norm.weight": ("BF16", [h]), "midlayer.input_layernorm.weight": ("BF16", [h]),
+            "midlayer.hidden_norm.weight": ("BF16", [h]),
+            "midlayer.self_attn.q_proj.weight": ("BF16", [heads * hd, 2 * h]),
+            "midlayer.self_attn.k_proj.weight": ("BF16", [kv * hd, 2 * h]),
+            "midlayer.self_attn.v_proj.weight": ("BF16", [kv * hd, 2 * h]),
+            "midlayer.self_attn.o_proj.weight": ("BF16", [h, heads * hd]),
+            "midlayer.post_attention_layernorm.weight": ("BF16", [h]),
+            "midlayer.mlp.gate_proj.weight": ("BF16", [inter, h]), "midlayer.mlp.up_proj.weight": ("BF16", [inter, h]),
+            "midlayer.mlp.down_proj.weight": ("BF16", [h, inter])}
+
+
+def drafter_weights_bytes(tensors: dict, data_bytes: int = 1 << 20) -> bytes:
+    """SANDBOX: a safetensors file whose header is the real checkpoint's (names, dtypes, shapes, offsets), followed
+    by ``data_bytes`` of random data instead of ~6 GB: the drafter check reads only the header; nothing loads it."""
+    size = {"BF16": 2, "I64": 8, "BOOL": 1}
+    header, off = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = size[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return len(h).to_bytes(8, "little") + h + os.urandom(data_bytes)
+
+
+def write_drafter_dir(root: Path, fc_in: int | None = None) -> Path:
+    """The drafter checkpoint on the *controller* (the operator's machine), shipped by the drafter role: its real
+    config and a header-true safetensors file (``fc_in``: another fc input size, for a drafter that does not fit)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(drafter_config(), indent=2))
     weights = root / "model.safetensors"
-    if not weights.exists():
-        weights.write_bytes(os.urandom(1 << 20))  # 1 MiB stand-in for ~6 GB
+    want = drafter_tensors(fc_in=fc_in)
+    try:
+        from deployer.drafter_fit import safetensors_shapes
+        current = safetensors_shapes(weights)
+    except (OSError, ValueError):
+        current = None
+    if current != {k: v[1] for k, v in want.items()}:   # kept when it is already this one (its hash is cached)
+        weights.write_bytes(drafter_weights_bytes(want))
     return root
 
 

@@ -417,3 +417,17 @@ def test_11_a_rollback_keeps_the_live_secrets():
     # back to the sandbox's own key for the tests after this one
     r = up("-e", "deployer_max_model_len=5120", *FAST)
     assert r.returncode == 0 and status(sb.api_key()) == "200", r.stdout + r.stderr
+
+
+def test_12_a_drafter_that_does_not_fit_is_refused_before_the_restart(tmp_path):
+    # guards (issue 21): a drafter whose fc does not take (captured layers x target hidden) inputs passed every
+    # check and /health, then killed the engine on the first request: a full load, then a rollback's second one
+    from deployer.sandbox.hosts import write_drafter_dir
+    bad = write_drafter_dir(tmp_path / "drafter-2-layers", fc_in=2 * 7168)
+    before = (main_pid(H), sh(H, "readlink /opt/deployer/current"))
+    r = up("-e", f"deployer_drafter_src_dir={bad}", "-e", "deployer_max_model_len=7168")
+    assert r.returncode == 3, r.stdout + r.stderr
+    err = flat(r.stderr)
+    assert "fc.weight takes 14336 inputs" in err and "target layers [2, 30, 58]" in err, err
+    assert "hidden size 7168" in err and "expected 3 x 7168 = 21504" in err, err
+    assert (main_pid(H), sh(H, "readlink /opt/deployer/current")) == before

@@ -77,16 +77,16 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
                         extra_args=["--max-num-seqs", "8"])
     assert rc == 0, checks
     assert checks["managed_flags"]["ok"] and checks["managed_flags"]["detail"]["extra_args"] == ["--max-num-seqs", "8"]
+    assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
+                                                   "DeepseekV2ForCausalLM": True}
+    assert checks["config_validation"]["detail"]["speculative_method"] == "eagle3"
+    assert checks["config_validation"]["detail"]["text_model_type"] == "deepseek_v3"
     # guards (issue 20, item 3): vLLM's own parser on the extra words, whatever the spelling: an abbreviation
     # (--ho is --host), a dotted sub-key merged into the speculative config; refused before any restart
     rc, checks = verify(clone, tmp_path / "sneaky", raw_extra=["--ho", "10.9.8.7",
                                                                 "--speculative-config.num_speculative_tokens", "5"])
     assert rc == 1 and not checks["managed_flags"]["ok"], checks
     assert "host, speculative_config" in checks["managed_flags"]["error"]
-    assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
-                                                   "DeepseekV2ForCausalLM": True}
-    assert checks["config_validation"]["detail"]["speculative_method"] == "eagle3"
-    assert checks["config_validation"]["detail"]["text_model_type"] == "deepseek_v3"
     # a drafter of an architecture vLLM has no EAGLE-3 head for (a Qwen drafter shipped by mistake): vLLM's own
     # config validation refuses it before any restart (exit 4), instead of failing after the target's weights
     # loaded.  A name rule in the deployer would be wrong: EAGLE-3 checkpoints that say "LlamaForCausalLM" are

@@ -122,6 +122,19 @@ def live_secrets(root, service):
     return plan.live_secrets({"secrets": str(root).rstrip("/") + "/secrets"}, service)
 
 
+def drafter_fit(target_config, drafter_src_dir, engine):
+    """deployer.drafter_fit.check on the target's config.json and the drafter on this controller; a drafter that
+    cannot be read is one refusal naming why."""
+    from deployer import drafter_fit as fit
+    engine = engine or {}
+    try:
+        cfg, shapes = fit.read_drafter(drafter_src_dir)
+    except (OSError, ValueError, KeyError) as e:
+        return {"refusals": ["drafter %s: %s" % (drafter_src_dir, e)], "warnings": [], "captured": [],
+                "source": "", "fc_in": None}
+    return fit.check(target_config or {}, cfg, shapes, engine.get("name", "vllm"), str(engine.get("version", "")))
+
+
 def haproxy_word(value, what="HAProxy config word"):
     """A value for haproxy.cfg, refused unless it is a plain token (formats.haproxy_word)."""
     try:
@@ -160,6 +173,7 @@ class FilterModule(object):
             "sm120_refusals": sm120_refusals,
             "systemd_env_quote": serve.systemd_env_quote,
             "haproxy_word": haproxy_word,
+            "drafter_fit": drafter_fit,
             "probe_host_of": releases_mu.probe_host_of,
             "deployer_secret_files": plan.secret_files,
             "deployer_live_secrets": live_secrets,

@@ -1,0 +1,74 @@
+"""deployer/drafter_fit.py: a drafter that does not fit its target is refused before the load, as the INSTALLED
+engine would wire it (issue 21).  The tiny models are the real-GPU run's (docs/real-engine.md: 6 layers, hidden
+1024, the drafter's fc 3 x 1024); the sandbox's is AQ-MedAI/Kimi-K25-eagle3's shape on Kimi-K2.5 (61 layers)."""
+import pytest
+
+from deployer import drafter_fit as fit
+from deployer.sandbox.hosts import drafter_config, drafter_tensors, kimi_config
+
+TINY_TARGET = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 6, "hidden_size": 1024,
+               "vocab_size": 4096}
+TINY_DRAFTER = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 1024, "num_hidden_layers": 1,
+                "vocab_size": 4096, "draft_vocab_size": 1024}
+TINY_SHAPES = {"fc.weight": [1024, 3072], "d2t": [1024], "t2d": [4096], "lm_head.weight": [1024, 1024]}
+
+
+def test_the_recorded_bad_drafter_is_refused_with_the_numbers():
+    # guards: the H200 run's bad_drafter (no layer ids: vLLM used the target's default (2, 3, 3), 2 distinct layers,
+    # 2048 inputs for an fc of 3072) passed every check and /health, then died on the first request
+    r = fit.check(TINY_TARGET, TINY_DRAFTER, TINY_SHAPES, "vllm", "0.20.0")
+    assert r["captured"] == [2, 3] and r["fc_in"] == 3072 and r["expected_fc_in"] == 2048
+    msg = r["refusals"][0]
+    assert "fc.weight takes 3072 inputs" in msg and "target layers [2, 3]" in msg and "hidden size 1024" in msg
+    assert "expected 2 x 1024 = 2048" in msg and "vLLM 0.20.0" in msg
+    assert any("name 1 layer(s) twice" in w for w in r["warnings"])
+
+
+def test_the_recorded_good_drafter_fits_vllm_but_not_sglang():
+    # the fix that made the good runs: top-level ids [1, 3, 4]; vLLM reads them, SGLang reads only eagle_config's
+    good = dict(TINY_DRAFTER, eagle_aux_hidden_state_layer_ids=[1, 3, 4])
+    assert fit.check(TINY_TARGET, good, TINY_SHAPES, "vllm", "0.20.0")["refusals"] == []
+    sg = fit.check(TINY_TARGET, good, TINY_SHAPES, "sglang", "0.5.23")
+    assert sg["captured"] == [2, 3] and "SGLang 0.5.23" in sg["refusals"][0]
+    assert any("where SGLang 0.5.23 does not read them" in w for w in sg["warnings"])
+    nested = dict(TINY_DRAFTER, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
+    sg = fit.check(TINY_TARGET, nested, TINY_SHAPES, "sglang", "0.5.23")
+    assert sg["captured"] == [2, 3, 4] and sg["refusals"] == [] and "+1" in sg["source"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_sandbox_drafter_fits_kimi_k2_5_on_both_engines(engine):
+    shapes = {k: v[1] for k, v in drafter_tensors().items()}
+    r = fit.check(kimi_config(), drafter_config(), shapes, engine, "x")
+    assert r["refusals"] == [] and r["captured"] == [2, 30, 58] and r["fc_in"] == 3 * 7168
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"eagle_aux_hidden_state_layer_ids": [2, 30, 61]}, "aux layers [61]"),
+    ({"target_hidden_size": 4096}, "target_hidden_size 4096, the target's hidden size is 7168"),
+    ({"vocab_size": 32000}, "vocab_size 32000, the target's is 163840"),
+])
+def test_config_mismatches_are_refused(change, said):
+    shapes = {k: v[1] for k, v in drafter_tensors().items()}
+    r = fit.check(kimi_config(), dict(drafter_config(), **change), shapes, "vllm", "0.16.0")
+    assert any(said in x for x in r["refusals"]), r
+
+
+def test_vocabulary_tensors_and_ignored_flags():
+    shapes = {k: v[1] for k, v in drafter_tensors().items()}
+    r = fit.check(kimi_config(), drafter_config(), dict(shapes, d2t=[16000]), "vllm", "0.16.0")
+    assert any("d2t has shape [16000], expected [draft_vocab_size] = [32000]" in x for x in r["refusals"])
+    r = fit.check(kimi_config(), dict(drafter_config(), fc_norm=True), shapes, "vllm", "0.16.0")
+    assert r["refusals"] == [] and any("fc_norm is set" in w for w in r["warnings"])
+
+
+def test_the_header_is_read_from_a_real_safetensors_file(tmp_path):
+    from deployer.sandbox.hosts import write_drafter_dir
+    write_drafter_dir(tmp_path / "d", fc_in=2 * 7168)
+    cfg, shapes = fit.read_drafter(str(tmp_path / "d"))
+    assert shapes["fc.weight"] == [7168, 14336] and cfg["draft_vocab_size"] == 32000
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "config.json").write_text("{}")
+    (tmp_path / "e" / "model.safetensors").write_bytes(b"\x01")
+    with pytest.raises(fit.DrafterFitError, match="not a safetensors file"):
+        fit.read_drafter(str(tmp_path / "e"))
