@@ -413,7 +413,8 @@ def test_11_a_rollback_keeps_the_live_secrets():
         return sh(H, f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {k}' "
                      "http://127.0.0.1:8000/v1/models")
     assert status(new) == "200" and status(old) == "401"
-    assert sh(H, f"grep -rlF {old} /opt/deployer /etc/systemd 2>/dev/null || true") == ""
+    assert sh(H, f"grep -rlF {old} /opt/deployer/releases /opt/deployer/secrets /opt/deployer/current "
+                 "/etc/systemd/system 2>/dev/null || true") == ""
     # back to the sandbox's own key for the tests after this one
     r = up("-e", "deployer_max_model_len=5120", *FAST)
     assert r.returncode == 0 and status(sb.api_key()) == "200", r.stdout + r.stderr

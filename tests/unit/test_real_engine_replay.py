@@ -86,3 +86,40 @@ def test_the_verifier_passed_on_the_real_cuda_platform():
     rep = json.loads((RUNS / "verify" / "verify_auto.json").read_text().split("DEPLOYER-VERIFY ", 1)[-1])
     assert rep["ok"] and rep["platform"].startswith("NvmlCudaPlatform") and rep["vllm_version"] == "0.20.0"
     assert {c["name"] for c in rep["checks"]} == {"supports_eagle3", "argument_parser", "config_validation"}
+
+
+# ------------------------------------------------------------------ the project's own bench (bench/real_engine/)
+BENCH = ROOT / "tests" / "fixtures" / "real-gpu" / "vllm-0.20.0-h200-bench"
+
+
+@pytest.mark.parametrize("run,cache", [("good_cold", "miss"), ("good_warm", "hit"), ("mt_prefetch", "miss")])
+def test_the_bench_s_runs_through_the_unit_s_own_log_line_wrapper(run, cache):
+    # recorded under roles/render/files/journal_lines.py, as the unit runs the engine: every \r redraw its own line
+    r = replay(BENCH / run)
+    assert r["phases"] == FULL and r["snapshot"]["facts"]["compile_cache"] == cache
+    assert b"\r" not in (BENCH / run / "output.bin").read_bytes()          # the wrapper split every redraw
+    assert len(r["percents"]["graphs"]) > 20 and r["api"]["chat"]["status"] == 200
+    argv = json.loads((BENCH / run / "argv.json").read_text())
+    assert argv[1:3] == ["-I", "-S"] and argv[3].endswith("journal_lines.py") and argv[4] == "--"
+
+
+def test_the_multi_thread_loader_shows_its_progress():
+    # guards (issue 21, item 5): enable_multithread_load prints "Multi-thread loading shards: N% Completed | k/n"
+    r = replay(BENCH / "mt_prefetch")
+    assert r["percents"]["weights"] == [0.0, 90.0, 100.0]
+    assert r["snapshot"]["facts"]["model"] == "/root/m/target_big"
+
+
+def test_an_engine_killed_without_a_message_is_named_as_such():
+    # guards: SIGKILL of the engine core mid-compile (what the OOM killer does) left only the API server's generic
+    # "Engine core initialization failed. See root cause above" - reported as a bare traceback
+    r = replay(BENCH / "sigkill_in_compile")
+    assert r["root_cause"][0] == "killed" and r["snapshot"]["fatal"]["kind"] == "killed"
+    assert "OOM killer" in r["advice"] and "journalctl -k" in r["advice"]
+    assert r["phases"][-1] == "compile" and r["ready_seconds"] is None
+
+
+def test_gpu_memory_held_by_another_process_at_start():
+    r = replay(BENCH / "gpu_busy")
+    assert r["root_cause"][0] == "gpu_memory_in_use"
+    assert "measured 38.77 of 139.8 GiB free; deployer_gpu_memory_utilization 0.6 wants 83.88 GiB" in r["advice"]

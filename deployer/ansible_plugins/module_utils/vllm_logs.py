@@ -122,8 +122,12 @@ def advice(kind, line, settings=None):
         return ("a checkpoint shard is truncated or corrupt (its safetensors header does not match its size): "
                 "download it again; preflight compares every shard's size with its header")
     if kind == "gpu_memory_in_use":
-        return ("another process holds GPU memory at start: stop it (nvidia-smi lists it) or lower "
-                "deployer_gpu_memory_utilization")
+        m = re.search(r"\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU memory utilization "
+                      r"\(([\d.]+), ([\d.]+) GiB\)", line)
+        measured = (" (measured %s of %s GiB free; deployer_gpu_memory_utilization %s wants %s GiB)" % m.groups()
+                    if m else "")
+        return ("another process holds GPU memory at start%s: stop it (nvidia-smi lists it) or lower "
+                "deployer_gpu_memory_utilization" % measured)
     if kind == "drafter_shape":
         return ("the drafter does not fit the target (its fc input is not aux layers x target hidden size): the "
                 "target captures other layers than the drafter was trained on; deployer's drafter check names them")
@@ -135,14 +139,42 @@ def advice(kind, line, settings=None):
     return ""
 
 
+# The API server's words for an engine process that is gone; when the engine process itself logged no exception
+# first, it died without a message: SIGKILL, on a real host usually the kernel's OOM killer (recorded on an H200:
+# tests/fixtures/real-gpu/vllm-0.20.0-h200-bench/sigkill_in_compile)
+_ENGINE_GONE = re.compile(r"Engine core initialization failed\. See root cause above|"
+                          r"(?:Worker|Engine core) proc \S+ died unexpectedly|EngineDeadError")
+_ENGINE_PREFIX = re.compile(r"^\((?:EngineCore|Worker|VllmWorker)[^)]*\)")
+
+
+def _engine_spoke(raw):
+    """A line the engine process (not the API server) wrote as an error or a traceback."""
+    return bool(_ENGINE_PREFIX.match(raw.strip())) and bool(re.search(r"\bERROR\b|Traceback|Error:", raw))
+
+
+def silent_death(found, engine_spoke, gone_line):
+    """``found`` replaced by ("killed", ...) when it is only generic, the engine process said nothing and the API
+    server reports it gone."""
+    only_markers = found is None or (found[0] in GENERIC_FATAL and (
+        _ENGINE_GONE.search(found[1]) or any(rx.search(found[1]) for k, rx in FATAL if k in GENERIC_FATAL)))
+    if gone_line and not engine_spoke and only_markers:
+        return ("killed", "the engine process died without a message (SIGKILL; on a real host usually the "
+                          "kernel's OOM killer): " + gone_line)
+    return found
+
+
 def root_cause(lines):
     """The failure one run of the server ended in, from its log lines (oldest first): ``(kind, line)`` or None.
     Unlike the load watch this also reads lines logged after the server was ready (a crash while serving)."""
-    found = None
+    found, spoke, gone = None, False, ""
     for raw in lines:
         for line in split_lines(raw):
-            found = fold_fatal(found, strip_prefix(line))[0]
-    return found
+            spoke = spoke or _engine_spoke(line)
+            stripped = strip_prefix(line)
+            if not gone and _ENGINE_GONE.search(stripped):
+                gone = stripped
+            found = fold_fatal(found, stripped)[0]
+    return silent_death(found, spoke, gone)
 
 
 def journal_entry(raw):
@@ -184,6 +216,8 @@ class LoadState(object):
         self.warnings = []
         self.facts = {}             # numbers read on the way: weights_seconds, kv_tokens, ...
         self.compile_passes = []    # torch.compile seconds, one per compiled module (backbone, EAGLE head)
+        self.engine_spoke = False   # the engine process logged an error of its own (else a death is silent)
+        self.engine_gone = ""       # the API server's line saying the engine process is gone
 
     def _enter(self, phase, t):
         if PHASES.index(phase) < PHASES.index(self.phase):
@@ -204,6 +238,9 @@ class LoadState(object):
         if self.last_progress_t is None:
             self.last_progress_t = t
         line = strip_prefix(raw)
+        self.engine_spoke = self.engine_spoke or _engine_spoke(raw)
+        if not self.engine_gone and _ENGINE_GONE.search(line):
+            self.engine_gone = line
         if self.phase == "ready":
             # A serving server logs request errors (with tracebacks) and lives on; whether it is alive
             # is the process's and /health's business from here on, not the log's.
@@ -251,6 +288,9 @@ class LoadState(object):
         return out
 
     def snapshot(self, now=None):
+        fatal = silent_death(self.fatal, self.engine_spoke, self.engine_gone) if self.fatal else None
+        if fatal and fatal != self.fatal:
+            self.fatal = fatal
         return {
             "phase": self.phase,
             "phase_title": PHASE_TITLES[self.phase],
