@@ -69,21 +69,10 @@ def _tensor(shapes: dict, suffix: str):
 
 
 def captured_layers(engine: str, drafter_cfg: dict, num_layers: int) -> tuple[list[int], str]:
-    """The target layers the installed engine will capture for this drafter, and where it took them from."""
-    top = drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
-    nested = (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    default = [2, num_layers // 2, num_layers - 3]
-    if engine == "sglang":
-        if nested:
-            ids = [int(i) for i in nested]
-            if ids and ids[0] == 1:
-                return [i + 1 for i in ids], "eagle_config.eagle_aux_hidden_state_layer_ids (+1: they start at 1)"
-            return ids, "eagle_config.eagle_aux_hidden_state_layer_ids"
-        return default, "the target's default (2, L//2, L-3): SGLang reads only eagle_config's ids"
-    if top:
-        return [int(i) for i in top], "eagle_aux_hidden_state_layer_ids"
-    return default, ("the target's default (2, L//2, L-3): vLLM reads only a top-level "
-                     "eagle_aux_hidden_state_layer_ids" + (", the one in eagle_config is ignored" if nested else ""))
+    """The target layers the installed engine will capture for this drafter, and where it took them from (the
+    engine's own rule: deployer/engines)."""
+    from deployer import engines
+    return engines.get(engine).aux_layers(drafter_cfg, num_layers)
 
 
 def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm", version: str = "") -> dict:
@@ -91,7 +80,9 @@ def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm
     and the expected value.  Pure."""
     tc = text_config(target_cfg)
     L, H = int(tc.get("num_hidden_layers") or 0), int(tc.get("hidden_size") or 0)
-    label = f"{'SGLang' if engine == 'sglang' else 'vLLM'} {version}".strip()
+    from deployer import engines
+    eng = engines.get(engine)
+    label = f"{eng.label} {version}".strip()
     refusals, warnings = [], []
     ids, source = captured_layers(engine, drafter_cfg, L)
     outside = [i for i in ids if not 0 <= i < L]
@@ -112,16 +103,14 @@ def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm
             f"drafter: fc.weight takes {fc_in} inputs, but {label} will capture target layers {captured} (from "
             f"{source}) of hidden size {H}: expected {len(captured)} x {H} = {expected}; the engine would load, "
             "pass /health, then die on the first request ('mat1 and mat2 shapes cannot be multiplied')")
-    nested = (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    top = drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
-    exported = top if engine == "sglang" else nested
+    exported = eng.exported_elsewhere(drafter_cfg)
     if exported and [int(i) for i in exported] != ids:
         warnings.append(f"drafter: its config also names aux layers {list(exported)} where {label} does not read "
                         f"them; it will capture {ids} ({source})")
     tgt_hidden = drafter_cfg.get("target_hidden_size")
     if tgt_hidden is not None and int(tgt_hidden) != H:
         refusals.append(f"drafter: target_hidden_size {tgt_hidden}, the target's hidden size is {H}")
-    if engine != "sglang" and fc_in is not None:
+    if eng.builds_fc_as_3x_hidden() and fc_in is not None:
         built = 3 * int(tgt_hidden or drafter_cfg.get("hidden_size") or 0)
         if fc_in != built:
             refusals.append(f"drafter: fc.weight takes {fc_in} inputs; {label} builds the drafter's fc for 3 x "

@@ -48,11 +48,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from deployer import serve, serve_sglang
+from deployer import engines, serve, serve_sglang
 from deployer.ansible_plugins.module_utils import formats
 
-BACKENDS = ("vllm", "sglang")
-ENGINES = {"vllm": {"label": "vLLM", "package": "vllm"}, "sglang": {"label": "SGLang", "package": "sglang"}}
 SECRET_KEYS = ("api_key", "hf_token")
 # The unit and env-file templates are part of what names a release: a changed template is a new release (never the
 # same id with different files), and a release's recorded unit is the one it was verified with.  The log-line
@@ -80,7 +78,6 @@ _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 # A unit name that is a plain file name in /etc/systemd/system and a plain shell word (systemd.unit(5) allows
 # more; the deployer needs no more).  A release like 0.16.0, 0.11.2.post1 or 0.20.0rc1: a path component too.
 _SERVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 _DEVICE_RE = re.compile(r"^(char-[A-Za-z0-9_.-]+|/dev/[A-Za-z0-9_./-]+)( [rwm]{1,3})?$")
 
 
@@ -131,8 +128,10 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     """``settings``: the ``deployer_*`` variables without the prefix (see roles/deployer/defaults)."""
     s = dict(settings)
     backend = s.get("backend", "vllm")
-    if backend not in BACKENDS:
-        raise PlanError(f"backend: got {backend!r}, expected one of {list(BACKENDS)}")
+    try:
+        eng = engines.get(backend)
+    except engines.EngineError as e:
+        raise PlanError(str(e)) from e
     root = str(_need(s, "root")).rstrip("/")
     if not re.fullmatch(r"/[A-Za-z0-9_./-]*", root) or ".." in root.split("/"):
         raise PlanError(f"root: got {root!r}, expected an absolute path of letters, digits and _ . / -")
@@ -146,18 +145,12 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         bad = formats.control_char(value)
         if bad:
             raise PlanError(f"{key}: contains the control character {bad}; an env file line ends there")
-    if backend == "vllm":
-        version = str(_need(s, "vllm_version"))
-        if not _VERSION_RE.fullmatch(version):
-            raise PlanError(f"vllm_version: got {version!r}, expected a release like 0.16.0 (digits and dots; "
-                            "it names the venv's directory)")
-        patched = bool(s.get("patch_enabled", True))
-        venv = f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or patch_engine_id()}" if patched else "")
-    else:
-        version, patched = str(_need(s, "sglang_version")), False
-        if not serve_sglang.parse_version(version):
-            raise PlanError(f"sglang_version: got {version!r}, expected a release like 0.5.23")
-        venv = f"{root}/venvs/sglang-{version}"
+    _need(s, eng.version_setting)
+    try:
+        version = eng.version(s)
+    except engines.EngineError as e:
+        raise PlanError(str(e)) from e
+    venv, patched = eng.venv(s, root, version)
     service = str(_need(s, "service_name"))
     if not _SERVICE_RE.fullmatch(service):
         raise PlanError(f"service_name: got {service!r}, expected a unit name without .service: a letter or digit "
@@ -194,19 +187,12 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         drafter = dict(drafter_manifest, store_dir=dirs["drafters"], dir=f"{dirs['drafters']}/{short}",
                        staging_dir=f"{dirs['drafters']}/.incoming-{short}")
 
-    credentials = {}
+    credentials = eng.credentials(s)
     try:
-        if backend == "vllm":
-            argv = _vllm_argv(s, venv, drafter)
-        else:
-            if s.get("api_key"):
-                credentials[serve_sglang.SECRETS_FILE] = serve_sglang.SECRETS_FILE
-            argv = _sglang_argv(s, venv, drafter, bool(credentials))
-            why = serve_sglang.version_refusal(version, speculative,
-                                               str((drafter or {}).get("architecture") or ""),
-                                               bool(s.get("sglang_language_model_only")))
-            if why:
-                raise PlanError(why)
+        argv = eng.argv(s, venv, drafter, credentials)
+        why = eng.refusal(version, speculative, drafter, s)
+        if why:
+            raise PlanError(why)
         for word in argv:      # every word reaches the unit's ExecStart= line (formats.unit_word)
             serve.systemd_exec_quote(word)
     except serve.ServeConfigError as e:
@@ -215,13 +201,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     sc = dirs["server_cache"]
     # every cache the engine writes lives in the service user's home, shared by releases (warm restarts)
     env = {"TRITON_CACHE_DIR": f"{sc}/triton", "HF_HOME": f"{sc}/huggingface", "XDG_CACHE_HOME": f"{sc}/xdg"}
-    if backend == "vllm":
-        env.update({"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),
-                    "VLLM_CACHE_ROOT": f"{sc}/vllm"})
-    else:
-        # FlashInfer's JIT and kernel caches (flashinfer-cubin pre-staged by the install stage: nothing is
-        # downloaded at run time) and torch's compile cache, in the shared server cache
-        env.update({"FLASHINFER_WORKSPACE_BASE": f"{sc}/flashinfer", "TORCHINDUCTOR_CACHE_DIR": f"{sc}/inductor"})
+    env.update(eng.env(s, sc))
     for k, v in sorted({**(s.get("nccl_env") or {}), **(s.get("env_extra") or {})}.items()):
         if not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit():
             raise PlanError(f"environment variable name: got {k!r}, expected [A-Za-z_][A-Za-z0-9_]*")
@@ -240,10 +220,10 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
 
     probe = probe_host(bind)
     return {
-        "backend": backend, "engine": dict(ENGINES[backend], name=backend, version=version),
-        "extra_args_count": len((s.get("extra_args") if backend == "vllm" else s.get("sglang_extra_args")) or []),
+        "backend": backend, "engine": eng.describe(version),
+        "extra_args_count": len(s.get(eng.extra_args_setting) or []),
         "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{s.get('port')}",
-        "vllm_version": version if backend == "vllm" else None, "venv": venv, "python": f"{venv}/bin/python",
+        "vllm_version": version if eng.version_setting == "vllm_version" else None, "venv": venv, "python": f"{venv}/bin/python",
         "credentials": credentials,
         "patch_state": "present" if patched else "absent",
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,
@@ -262,48 +242,13 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     }
 
 
-def _common_spec(s: dict, venv: str, program: str) -> dict:
-    """The argv fields both engines take from the same settings (serve.common_fields validates them)."""
+def common_spec(s: dict, venv: str, program: str) -> dict:
+    """The argv fields every engine takes from the same settings (serve.common_fields validates them)."""
     launcher = s.get("launcher") or [f"{venv}/bin/{program}"]
     return {"launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
             "model": s.get("model_dir"), "served_model_name": s.get("served_model_name"),
             "host": s.get("host", "0.0.0.0"), "port": s.get("port"),
             "tensor_parallel_size": s.get("tensor_parallel_size")}
-
-
-def _vllm_argv(s: dict, venv: str, drafter: dict | None) -> list[str]:
-    return serve.build_serve_argv({
-        **_common_spec(s, venv, "vllm"),
-        "gpu_memory_utilization": s.get("gpu_memory_utilization"),
-        "max_model_len": s.get("max_model_len") or None,
-        "trust_remote_code": bool(s.get("trust_remote_code", True)),
-        "speculative": ({"method": "eagle3", "model": drafter["dir"],
-                         "num_speculative_tokens": s.get("num_speculative_tokens", 3),
-                         "extra": s.get("speculative_extra") or {}} if drafter else {}),
-        "safetensors_load_strategy": s.get("safetensors_load_strategy") or "",
-        "model_loader_extra_config": s.get("model_loader_extra_config") or {},
-        "extra_args": s.get("extra_args") or [],
-    })
-
-
-def _sglang_argv(s: dict, venv: str, drafter: dict | None, with_secrets: bool) -> list[str]:
-    return serve_sglang.build_sglang_argv({
-        **_common_spec(s, venv, "sglang"),
-        "context_length": s.get("max_model_len") or None,
-        "trust_remote_code": bool(s.get("trust_remote_code", True)),
-        "speculative": ({"model": drafter["dir"], "num_steps": s.get("num_speculative_tokens", 3),
-                         "eagle_topk": s.get("sglang_eagle_topk", 1),
-                         "num_draft_tokens": s.get("sglang_num_draft_tokens") or 0} if drafter else {}),
-        "attention_backend": s.get("sglang_attention_backend", "triton"),
-        "draft_attention_backend": s.get("sglang_draft_attention_backend", "triton"),
-        "kv_cache_dtype": s.get("sglang_kv_cache_dtype", "auto"),
-        "mem_fraction_static": s.get("sglang_mem_fraction_static") or 0,
-        "tool_call_parser": s.get("sglang_tool_call_parser", "kimi_k2"),
-        "reasoning_parser": s.get("sglang_reasoning_parser", "kimi_k2"),
-        "language_model_only": bool(s.get("sglang_language_model_only")),
-        "secrets_file": f"{serve_sglang.CREDENTIALS_TOKEN}/{serve_sglang.SECRETS_FILE}" if with_secrets else "",
-        "extra_args": s.get("sglang_extra_args") or [],
-    })
 
 
 SECRETS_ENV_FILE = "server.env"

@@ -29,6 +29,11 @@ def render(tmp_path, **extra):
     drafter = {"src": "/home/op/drafter", "files": [], "tree_sha256": "0123456789abcdef" * 4, "bytes": 0}
     plan = make_plan(settings(**{k[len("deployer_"):]: v for k, v in extra.items()}), drafter)
     assert plan["api_protected"] == bool(extra.get("deployer_api_key"))
+    return render_plan(tmp_path, plan, **extra)
+
+
+def render_plan(tmp_path, plan, **extra):
+    """The render role's unit and env file templates for ``plan``, rendered by Ansible itself (a local run)."""
     vars_ = dict(render_plan=plan, render_patch={"fingerprint": "f00", "patches": ["P1", "P2", "P3", "P4", "P5"]},
                  __render_id="r0123456789a", __render_dir="/opt/deployer/releases/r0123456789a",
                  deployer_api_key=extra.get("deployer_api_key", ""), deployer_hf_token=extra.get("deployer_hf_token", ""),

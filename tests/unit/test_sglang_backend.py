@@ -23,7 +23,10 @@ def flag(argv, name):
 
 def test_sglang_plan_names_its_engine_venv_and_launch():
     p = sg()
-    assert p["engine"] == {"name": "sglang", "label": "SGLang", "package": "sglang", "version": "0.5.23"}
+    assert p["engine"] == {"name": "sglang", "label": "SGLang", "package": "sglang", "version": "0.5.23",
+                           # what the roles read instead of comparing engine names (deployer/engines)
+                           "patchable": False, "capability_probe": True, "verifier": "sglang_verify.py",
+                           "log_rules": "sglang", "drafts_metric": "sglang:spec_verify_calls_total"}
     assert p["venv"] == "/opt/deployer/venvs/sglang-0.5.23" and p["vllm_version"] is None
     assert p["patch_state"] == "absent"
     a = p["argv"]

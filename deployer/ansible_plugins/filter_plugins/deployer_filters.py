@@ -16,7 +16,7 @@ except ImportError:
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from deployer import controller_id, drafter, plan, serve, serve_sglang, settings_check  # noqa: E402
+from deployer import controller_id, drafter, engines, plan, serve, settings_check  # noqa: E402
 from deployer.ansible_plugins.module_utils import formats, vllm_logs  # noqa: E402
 from deployer.ansible_plugins.module_utils import releases as releases_mu  # noqa: E402
 
@@ -38,10 +38,10 @@ def parse_gpu_csv(text):
 
 
 def sm120_refusals(the_plan, gpus):
-    """What in the plan's launch cannot run on these GPUs (SGLang attention backends on sm_120): messages."""
-    if (the_plan or {}).get("backend") != "sglang":
-        return []
-    return serve_sglang.sm120_refusals(the_plan["argv"], [g.get("compute_cap", "") for g in gpus or []])
+    """What in the plan's launch cannot run on these GPUs (e.g. SGLang attention backends on sm_120): messages,
+    from the plan's engine (deployer/engines)."""
+    eng = engines.get(((the_plan or {}).get("engine") or {}).get("name") or (the_plan or {}).get("backend") or "vllm")
+    return eng.sm120_refusals(the_plan["argv"], [g.get("compute_cap", "") for g in gpus or []])
 
 
 def disk_shortfalls(measured, needs, margin_gib=0):
@@ -174,6 +174,8 @@ class FilterModule(object):
             "systemd_env_quote": serve.systemd_env_quote,
             "haproxy_word": haproxy_word,
             "drafter_fit": drafter_fit,
+            "deployer_engine": engines.describe,
+            "engine_of_unit": engines.engine_of_unit,
             "probe_host_of": releases_mu.probe_host_of,
             "deployer_secret_files": plan.secret_files,
             "deployer_live_secrets": live_secrets,

@@ -206,7 +206,7 @@ class LoadState(object):
 
     def __init__(self, engine="vllm"):
         self.engine = engine
-        self.rules = SGLANG_RULES if engine == "sglang" else RULES
+        self.rules = RULESETS.get(engine, RULES)
         self.phase = "starting"
         self.phase_started = {"starting": None}
         self.progress = None        # (n, total) within the phase, when known
@@ -448,6 +448,10 @@ SGLANG_RULES = (
 )
 
 
+# The engines' load-phase rules by name (deployer/engines: Engine.log_rules)
+RULESETS = {"vllm": RULES, "sglang": SGLANG_RULES}
+
+
 def eta_seconds(phase, elapsed_in_phase, previous):
     """ETA from the previous successful release's per-phase durations (``previous``: phase -> seconds)."""
     if not previous or phase not in PHASES:
@@ -520,7 +524,7 @@ def _sglang_spec_stats(m, total):
         return sorted(vals)[0][1] if vals else None
     length, rate = gauge("sglang:spec_accept_length"), gauge("sglang:spec_accept_rate")
     return {
-        "present": True, "engine": "sglang",
+        "present": True, "engine": "sglang", "gauges": True,
         "num_drafts": total("sglang:spec_verify_calls_total"),
         "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0,
         "acceptance_rate": round(rate, 4) if rate else None,
@@ -532,7 +536,7 @@ def _sglang_spec_stats(m, total):
 def spec_decode_delta(before, after):
     """Rates over the interval between two ``spec_decode_stats`` snapshots (SGLang: its gauges already are
     a recent window's rates; the drafts are its verify steps)."""
-    if after.get("engine") == "sglang":
+    if after.get("gauges"):
         return {"drafts": after["num_drafts"] - before.get("num_drafts", 0.0), "draft_tokens": None,
                 "accepted_tokens": None, "acceptance_rate": after["acceptance_rate"],
                 "mean_acceptance_length": after["mean_acceptance_length"]}

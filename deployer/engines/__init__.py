@@ -1,0 +1,121 @@
+"""One seam per engine: everything the deployer knows about a serving engine, behind one small interface.
+
+The plan (``deployer/plan.py``) asks the registered engine for what differs between engines - its settings, venv,
+argv, environment, secrets, version rules, the GPU rules, where it reads a drafter's aux layers - and puts
+``Engine.describe()`` into ``plan["engine"]``.  Roles and playbooks read ``plan.engine.*`` (``verifier``,
+``patchable``, ``capability_probe``, ``log_rules``, ``drafts_metric``) and never compare engine names: a test
+enforces it (``tests/unit/test_engines.py``).  An engine is registered by name, as SkyPilot registers its
+load-balancing policies: ``@register`` on a subclass of ``Engine``.
+
+How to add an engine (docs/design.md, "Adding an engine"): a module here with an ``Engine`` subclass and
+``@register``; its argv builder (one place per engine, like ``deployer/serve.py``); its verifier
+``roles/verify/files/<name>_verify.py``; its log rules in ``module_utils/vllm_logs.py`` (``RULESETS``) and a
+stand-in in ``deployer/sandbox/`` for the sandbox.  No role changes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class EngineError(ValueError):
+    """Bad deploy input for an engine; the message names the setting, the value and what is expected."""
+
+
+class Engine:
+    """The interface.  Class attributes describe the engine; methods take the operator's settings ``s`` (the
+    ``deployer_*`` variables without the prefix) and return what the plan needs."""
+
+    name = ""                  # the value of deployer_backend
+    label = ""                 # what messages call it
+    package = ""               # the PyPI package the install stage installs
+    program = ""               # the venv's console script that serves
+    version_setting = ""       # the setting that pins its release
+    extra_args_setting = ""    # the setting of free-form argv words
+    patchable = False          # the patch stage applies the EAGLE-3 patches (else it checks the source)
+    capability_probe = False   # the patch stage reads the installed source for what this deploy needs
+    verifier = ""              # roles/verify/files/<verifier>: the engine's own checks, GPU-less
+    log_rules = ""             # vllm_logs.RULESETS key: the load phases as this engine logs them
+    drafts_metric = ""         # the /metrics counter of EAGLE-3 drafts (the smoke test's proof it is on)
+    unit_marker = ""           # a word only this engine's ExecStart has (to tell which engine a unit starts)
+
+    # -- what the plan asks
+    def version(self, s: dict) -> str:
+        raise NotImplementedError
+
+    def venv(self, s: dict, root: str, version: str) -> tuple[str, bool]:
+        """(venv path, patched)"""
+        return f"{root}/venvs/{self.name}-{version}", False
+
+    def credentials(self, s: dict) -> dict:
+        """Files systemd hands the service (LoadCredential=): {name: file in the live secrets dir}."""
+        return {}
+
+    def argv(self, s: dict, venv: str, drafter: dict | None, credentials: dict) -> list[str]:
+        raise NotImplementedError
+
+    def env(self, s: dict, server_cache: str) -> dict:
+        """The engine's own (non-secret) environment; the caches in the shared server cache."""
+        return {}
+
+    def refusal(self, version: str, speculative: bool, drafter: dict | None, s: dict) -> str:
+        """Why this release cannot serve Kimi-K2.5 here, as far as its version tells ("" when it can)."""
+        return ""
+
+    def sm120_refusals(self, argv: list[str], compute_caps: list[str]) -> list[str]:
+        """What in the launch cannot run on these GPUs (compute capability 12.x: RTX PRO 6000 Blackwell)."""
+        return []
+
+    def aux_layers(self, drafter_cfg: dict, num_layers: int) -> tuple[list[int], str]:
+        """The target layers this engine captures for an EAGLE-3 drafter, and where it took them from."""
+        return [2, num_layers // 2, num_layers - 3], "the target's default (2, L//2, L-3)"
+
+    def builds_fc_as_3x_hidden(self) -> bool:
+        """The engine sizes the drafter's fc as 3 x (target_hidden_size or hidden_size) when it loads it."""
+        return False
+
+    def describe(self, version: str) -> dict[str, Any]:
+        """What ``plan["engine"]`` holds (JSON): what the roles read."""
+        return {"name": self.name, "label": self.label, "package": self.package, "version": version,
+                "patchable": self.patchable, "capability_probe": self.capability_probe, "verifier": self.verifier,
+                "log_rules": self.log_rules, "drafts_metric": self.drafts_metric}
+
+
+REGISTRY: dict[str, Engine] = {}
+
+
+def register(cls):
+    """Class decorator: register an engine under its name (a later registration of the same name replaces it)."""
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get(name: str) -> Engine:
+    _load_builtin()
+    if name not in REGISTRY:
+        raise EngineError(f"backend: got {name!r}, expected one of {sorted(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return sorted(REGISTRY)
+
+
+def describe(name: str) -> dict:
+    """``plan.engine`` for a release recorded with only its engine's name (a rollback target's manifest)."""
+    return get(name or "vllm").describe("")
+
+
+def engine_of_unit(unit_text: str) -> str:
+    """Which registered engine a unit file starts (its ExecStart names that engine's marker word), "vllm" when
+    none says so."""
+    _load_builtin()
+    for name, eng in sorted(REGISTRY.items()):
+        if eng.unit_marker and f'"{eng.unit_marker}"' in (unit_text or ""):
+            return name
+    return "vllm"
+
+
+def _load_builtin() -> None:
+    if "vllm" not in REGISTRY:
+        from deployer.engines import sglang, vllm  # noqa: F401  (each registers itself)

@@ -1,0 +1,77 @@
+"""SGLang (``deployer_backend: sglang``): never patched; its installed source is checked instead.  Its argv is
+built in ``deployer/serve_sglang.py`` (nowhere else); its own checks are ``roles/verify/files/sglang_verify.py``."""
+from __future__ import annotations
+
+from deployer import serve_sglang
+from deployer.engines import Engine, EngineError, register
+
+
+@register
+class SGLang(Engine):
+    name, label, package, program = "sglang", "SGLang", "sglang", "sglang"
+    version_setting, extra_args_setting = "sglang_version", "sglang_extra_args"
+    capability_probe = True
+    verifier = "sglang_verify.py"
+    log_rules = "sglang"
+    drafts_metric = "sglang:spec_verify_calls_total"
+    unit_marker = "--model-path"
+
+    def version(self, s):
+        version = str(s.get("sglang_version") or "")
+        if not serve_sglang.parse_version(version):
+            raise EngineError(f"sglang_version: got {version!r}, expected a release like 0.5.23")
+        return version
+
+    def credentials(self, s):
+        # SGLang has no environment variable for its API key and argv is world-readable: a YAML merged with --config
+        return {serve_sglang.SECRETS_FILE: serve_sglang.SECRETS_FILE} if s.get("api_key") else {}
+
+    def argv(self, s, venv, drafter, credentials):
+        from deployer.plan import common_spec
+        return serve_sglang.build_sglang_argv({
+            **common_spec(s, venv, self.program),
+            "context_length": s.get("max_model_len") or None,
+            "trust_remote_code": bool(s.get("trust_remote_code", True)),
+            "speculative": ({"model": drafter["dir"], "num_steps": s.get("num_speculative_tokens", 3),
+                             "eagle_topk": s.get("sglang_eagle_topk", 1),
+                             "num_draft_tokens": s.get("sglang_num_draft_tokens") or 0} if drafter else {}),
+            "attention_backend": s.get("sglang_attention_backend", "triton"),
+            "draft_attention_backend": s.get("sglang_draft_attention_backend", "triton"),
+            "kv_cache_dtype": s.get("sglang_kv_cache_dtype", "auto"),
+            "mem_fraction_static": s.get("sglang_mem_fraction_static") or 0,
+            "tool_call_parser": s.get("sglang_tool_call_parser", "kimi_k2"),
+            "reasoning_parser": s.get("sglang_reasoning_parser", "kimi_k2"),
+            "language_model_only": bool(s.get("sglang_language_model_only")),
+            "secrets_file": (f"{serve_sglang.CREDENTIALS_TOKEN}/{serve_sglang.SECRETS_FILE}" if credentials else ""),
+            "extra_args": s.get("sglang_extra_args") or [],
+        })
+
+    def env(self, s, server_cache):
+        # FlashInfer's JIT and kernel caches (flashinfer-cubin pre-staged by the install stage: nothing is
+        # downloaded at run time) and torch's compile cache, in the shared server cache
+        return {"FLASHINFER_WORKSPACE_BASE": f"{server_cache}/flashinfer",
+                "TORCHINDUCTOR_CACHE_DIR": f"{server_cache}/inductor"}
+
+    def refusal(self, version, speculative, drafter, s):
+        return serve_sglang.version_refusal(version, speculative, str((drafter or {}).get("architecture") or ""),
+                                            bool(s.get("sglang_language_model_only")))
+
+    def sm120_refusals(self, argv, compute_caps):
+        return serve_sglang.sm120_refusals(argv, compute_caps)
+
+    def aux_layers(self, drafter_cfg, num_layers):
+        # spec_aux_hidden_state.py (0.5.23): eagle_config["eagle_aux_hidden_state_layer_ids"], nested only;
+        # deepseek_v2.set_eagle3_layers_to_capture: ids starting at 1 are shifted by +1; none: [2, L // 2, L - 3]
+        nested = (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if nested:
+            ids = [int(i) for i in nested]
+            if ids and ids[0] == 1:
+                return [i + 1 for i in ids], "eagle_config.eagle_aux_hidden_state_layer_ids (+1: they start at 1)"
+            return ids, "eagle_config.eagle_aux_hidden_state_layer_ids"
+        return [2, num_layers // 2, num_layers - 3], \
+            "the target's default (2, L//2, L-3): SGLang reads only eagle_config's ids"
+
+    def exported_elsewhere(self, drafter_cfg):
+        return drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
+
+

@@ -1,0 +1,70 @@
+"""vLLM: the default engine (0.16.0 patched for EAGLE-3 on Kimi-K2.5, 0.18.0+ native).  Its argv is built in
+``deployer/serve.py`` (nowhere else); its own checks are ``roles/verify/files/vllm_verify.py``."""
+from __future__ import annotations
+
+import re
+
+from deployer import serve
+from deployer.engines import Engine, EngineError, register
+
+_VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
+
+
+@register
+class VLLM(Engine):
+    name, label, package, program = "vllm", "vLLM", "vllm", "vllm"
+    version_setting, extra_args_setting = "vllm_version", "extra_args"
+    patchable = True
+    verifier = "vllm_verify.py"
+    log_rules = "vllm"
+    drafts_metric = "vllm:spec_decode_num_drafts_total"
+
+    def version(self, s):
+        version = str(s.get("vllm_version") or "")
+        if not _VERSION_RE.fullmatch(version):
+            raise EngineError(f"vllm_version: got {version!r}, expected a release like 0.16.0 (digits and dots; "
+                              "it names the venv's directory)")
+        return version
+
+    def venv(self, s, root, version):
+        from deployer.plan import patch_engine_id
+        patched = bool(s.get("patch_enabled", True))
+        return f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or patch_engine_id()}"
+                                                 if patched else ""), patched
+
+    def argv(self, s, venv, drafter, credentials):
+        from deployer.plan import common_spec
+        return serve.build_serve_argv({
+            **common_spec(s, venv, self.program),
+            "gpu_memory_utilization": s.get("gpu_memory_utilization"),
+            "max_model_len": s.get("max_model_len") or None,
+            "trust_remote_code": bool(s.get("trust_remote_code", True)),
+            "speculative": ({"method": "eagle3", "model": drafter["dir"],
+                             "num_speculative_tokens": s.get("num_speculative_tokens", 3),
+                             "extra": s.get("speculative_extra") or {}} if drafter else {}),
+            "safetensors_load_strategy": s.get("safetensors_load_strategy") or "",
+            "model_loader_extra_config": s.get("model_loader_extra_config") or {},
+            "extra_args": s.get("extra_args") or [],
+        })
+
+    def env(self, s, server_cache):
+        return {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),
+                "VLLM_CACHE_ROOT": f"{server_cache}/vllm"}
+
+    def aux_layers(self, drafter_cfg, num_layers):
+        # gpu_model_runner.py (0.16 - 0.20): hf_config.eagle_aux_hidden_state_layer_ids of the draft model's config,
+        # top level only; else the target's get_eagle3_aux_hidden_state_layers(): (2, L // 2, L - 3)
+        top = drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
+        nested = (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if top:
+            return [int(i) for i in top], "eagle_aux_hidden_state_layer_ids"
+        return [2, num_layers // 2, num_layers - 3], (
+            "the target's default (2, L//2, L-3): vLLM reads only a top-level eagle_aux_hidden_state_layer_ids"
+            + (", the one in eagle_config is ignored" if nested else ""))
+
+    def exported_elsewhere(self, drafter_cfg):
+        """Layer ids the drafter's config names where this engine does not read them."""
+        return (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+
+    def builds_fc_as_3x_hidden(self):
+        return True     # llama_eagle3.py: fc_input_size = (target_hidden_size or hidden_size) * 3
