@@ -11,7 +11,9 @@ Where each engine reads the layer ids (read in the installed source; the version
 
 * vLLM 0.16 - 0.20 (``gpu_model_runner.py``: ``hf_config.eagle_aux_hidden_state_layer_ids`` of the draft model's
   config, top level only; else the target's ``get_eagle3_aux_hidden_state_layers()``: ``(2, L // 2, L - 3)``).
-  The drafter's ``fc`` is built as ``3 x (target_hidden_size or hidden_size)`` (``llama_eagle3.py``).
+  The drafter's ``fc`` is built as ``3 x (target_hidden_size or hidden_size)`` (``llama_eagle3.py``).  From 0.22
+  the runner falls back to ``eagle_config``'s ids and the drafter sizes ``fc`` by their count
+  (``deployer/engines/vllm.py``, measured by ``bench/compat_matrix.py``).
 * SGLang 0.5.23 (``spec_aux_hidden_state.py``: ``eagle_config["eagle_aux_hidden_state_layer_ids"]``, nested only;
   ``deepseek_v2.set_eagle3_layers_to_capture``: ids starting at 1 are shifted by +1; none: ``[2, L // 2, L - 3]``).
 """
@@ -68,11 +70,11 @@ def _tensor(shapes: dict, suffix: str):
     return (hits[0], shapes[hits[0]]) if hits else (None, None)
 
 
-def captured_layers(engine: str, drafter_cfg: dict, num_layers: int) -> tuple[list[int], str]:
-    """The target layers the installed engine will capture for this drafter, and where it took them from (the
-    engine's own rule: deployer/engines)."""
+def captured_layers(engine: str, drafter_cfg: dict, num_layers: int, version: str = "") -> tuple[list[int], str]:
+    """The target layers the installed engine release will capture for this drafter, and where it took them from
+    (the engine's own rule: deployer/engines)."""
     from deployer import engines
-    return engines.get(engine).aux_layers(drafter_cfg, num_layers)
+    return engines.get(engine).aux_layers(drafter_cfg, num_layers, version)
 
 
 def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm", version: str = "") -> dict:
@@ -84,7 +86,7 @@ def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm
     eng = engines.get(engine)
     label = f"{eng.label} {version}".strip()
     refusals, warnings = [], []
-    ids, source = captured_layers(engine, drafter_cfg, L)
+    ids, source = captured_layers(engine, drafter_cfg, L, version)
     outside = [i for i in ids if not 0 <= i < L]
     if outside:
         refusals.append(f"drafter: aux layers {outside} (from {source}) are outside the target's {L} layers")
@@ -103,18 +105,17 @@ def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm
             f"drafter: fc.weight takes {fc_in} inputs, but {label} will capture target layers {captured} (from "
             f"{source}) of hidden size {H}: expected {len(captured)} x {H} = {expected}; the engine would load, "
             "pass /health, then die on the first request ('mat1 and mat2 shapes cannot be multiplied')")
-    exported = eng.exported_elsewhere(drafter_cfg)
+    exported = eng.exported_elsewhere(drafter_cfg, version)
     if exported and [int(i) for i in exported] != ids:
         warnings.append(f"drafter: its config also names aux layers {list(exported)} where {label} does not read "
                         f"them; it will capture {ids} ({source})")
     tgt_hidden = drafter_cfg.get("target_hidden_size")
     if tgt_hidden is not None and int(tgt_hidden) != H:
         refusals.append(f"drafter: target_hidden_size {tgt_hidden}, the target's hidden size is {H}")
-    if eng.builds_fc_as_3x_hidden() and fc_in is not None:
-        built = 3 * int(tgt_hidden or drafter_cfg.get("hidden_size") or 0)
-        if fc_in != built:
-            refusals.append(f"drafter: fc.weight takes {fc_in} inputs; {label} builds the drafter's fc for 3 x "
-                            f"{tgt_hidden or drafter_cfg.get('hidden_size')} = {built} (its weights would not load)")
+    built = eng.built_fc_inputs(drafter_cfg, version)
+    if built is not None and fc_in is not None and fc_in != built:
+        refusals.append(f"drafter: fc.weight takes {fc_in} inputs; {label} builds the drafter's fc for {built} "
+                        "inputs from its config (its weights would not load)")
     if fc and len(fc) == 2 and drafter_cfg.get("hidden_size") and fc[0] != int(drafter_cfg["hidden_size"]):
         refusals.append(f"drafter: fc.weight gives {fc[0]} outputs, its hidden_size is {drafter_cfg['hidden_size']}")
     vocab = int(tc.get("vocab_size") or 0)

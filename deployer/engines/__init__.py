@@ -65,13 +65,18 @@ class Engine:
         """What in the launch cannot run on these GPUs (compute capability 12.x: RTX PRO 6000 Blackwell)."""
         return []
 
-    def aux_layers(self, drafter_cfg: dict, num_layers: int) -> tuple[list[int], str]:
-        """The target layers this engine captures for an EAGLE-3 drafter, and where it took them from."""
+    def aux_layers(self, drafter_cfg: dict, num_layers: int, version: str = "") -> tuple[list[int], str]:
+        """The target layers this release captures for an EAGLE-3 drafter, and where it took them from."""
         return [2, num_layers // 2, num_layers - 3], "the target's default (2, L//2, L-3)"
 
-    def builds_fc_as_3x_hidden(self) -> bool:
-        """The engine sizes the drafter's fc as 3 x (target_hidden_size or hidden_size) when it loads it."""
-        return False
+    def exported_elsewhere(self, drafter_cfg: dict, version: str = ""):
+        """Layer ids the drafter's config names where this release does not read them (a warning)."""
+        return None
+
+    def built_fc_inputs(self, drafter_cfg: dict, version: str = "") -> int | None:
+        """The fc input size this release builds for the drafter when it loads it (its weights must match), or
+        None when it takes the checkpoint's."""
+        return None
 
     def describe(self, version: str) -> dict[str, Any]:
         """What ``plan["engine"]`` holds (JSON): what the roles read."""

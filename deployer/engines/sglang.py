@@ -59,7 +59,7 @@ class SGLang(Engine):
     def sm120_refusals(self, argv, compute_caps):
         return serve_sglang.sm120_refusals(argv, compute_caps)
 
-    def aux_layers(self, drafter_cfg, num_layers):
+    def aux_layers(self, drafter_cfg, num_layers, version=""):
         # spec_aux_hidden_state.py (0.5.23): eagle_config["eagle_aux_hidden_state_layer_ids"], nested only;
         # deepseek_v2.set_eagle3_layers_to_capture: ids starting at 1 are shifted by +1; none: [2, L // 2, L - 3]
         nested = (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -71,7 +71,7 @@ class SGLang(Engine):
         return [2, num_layers // 2, num_layers - 3], \
             "the target's default (2, L//2, L-3): SGLang reads only eagle_config's ids"
 
-    def exported_elsewhere(self, drafter_cfg):
+    def exported_elsewhere(self, drafter_cfg, version=""):
         return drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
 
 

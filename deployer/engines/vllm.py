@@ -51,20 +51,38 @@ class VLLM(Engine):
         return {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),
                 "VLLM_CACHE_ROOT": f"{server_cache}/vllm"}
 
-    def aux_layers(self, drafter_cfg, num_layers):
-        # gpu_model_runner.py (0.16 - 0.20): hf_config.eagle_aux_hidden_state_layer_ids of the draft model's config,
-        # top level only; else the target's get_eagle3_aux_hidden_state_layers(): (2, L // 2, L - 3)
+    # Where a release reads the drafter's aux layer ids and how it sizes the drafter's fc, measured on each release's
+    # own source (bench/compat_matrix.py, docs/compatibility.md): up to 0.20, gpu_model_runner.py reads only a
+    # top-level eagle_aux_hidden_state_layer_ids and llama_eagle3.py builds fc for 3 x hidden; from 0.22, the runner
+    # falls back to eagle_config's ids and the drafter sizes fc by their count.
+    NESTED_IDS_FROM = (0, 22)
+
+    def _reads_nested(self, version):
+        from deployer.serve_sglang import parse_version
+        v = parse_version(version) if version else None
+        return bool(v) and v[:2] >= self.NESTED_IDS_FROM
+
+    def aux_layers(self, drafter_cfg, num_layers, version=""):
         top = drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
         nested = (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if top:
             return [int(i) for i in top], "eagle_aux_hidden_state_layer_ids"
+        if nested and self._reads_nested(version):
+            return [int(i) for i in nested], "eagle_config.eagle_aux_hidden_state_layer_ids"
+        if self._reads_nested(version):
+            return [2, num_layers // 2, num_layers - 3], "the target's default (2, L//2, L-3): no ids in the config"
         return [2, num_layers // 2, num_layers - 3], (
-            "the target's default (2, L//2, L-3): vLLM reads only a top-level eagle_aux_hidden_state_layer_ids"
-            + (", the one in eagle_config is ignored" if nested else ""))
+            "the target's default (2, L//2, L-3): vLLM < 0.22 reads only a top-level "
+            "eagle_aux_hidden_state_layer_ids" + (", the one in eagle_config is ignored" if nested else ""))
 
-    def exported_elsewhere(self, drafter_cfg):
-        """Layer ids the drafter's config names where this engine does not read them."""
+    def exported_elsewhere(self, drafter_cfg, version=""):
+        if self._reads_nested(version):
+            return None
         return (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
 
-    def builds_fc_as_3x_hidden(self):
-        return True     # llama_eagle3.py: fc_input_size = (target_hidden_size or hidden_size) * 3
+    def built_fc_inputs(self, drafter_cfg, version=""):
+        hidden = int(drafter_cfg.get("target_hidden_size") or drafter_cfg.get("hidden_size") or 0)
+        if self._reads_nested(version):
+            nested = (drafter_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            return (len(nested) if nested else 3) * hidden
+        return 3 * hidden     # llama_eagle3.py: fc_input_size = (target_hidden_size or hidden_size) * 3

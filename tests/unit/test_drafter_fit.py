@@ -72,3 +72,19 @@ def test_the_header_is_read_from_a_real_safetensors_file(tmp_path):
     (tmp_path / "e" / "model.safetensors").write_bytes(b"\x01")
     with pytest.raises(fit.DrafterFitError, match="not a safetensors file"):
         fit.read_drafter(str(tmp_path / "e"))
+
+
+def test_the_rules_follow_the_installed_release():
+    # measured on each release's source (bench/compat_matrix.py): vLLM < 0.22 reads only top-level ids and builds
+    # fc for 3 x hidden; from 0.22 it falls back to eagle_config's ids and sizes fc by their count
+    two = dict(TINY_DRAFTER, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 4]})
+    shapes = dict(TINY_SHAPES, **{"fc.weight": [1024, 2048]})
+    new = fit.check(TINY_TARGET, two, shapes, "vllm", "0.33.0")
+    assert new["refusals"] == [] and new["captured"] == [1, 4] and "eagle_config" in new["source"]
+    old = fit.check(TINY_TARGET, two, shapes, "vllm", "0.20.2")
+    assert old["captured"] == [2, 3] and any("builds the drafter's fc for 3072 inputs" in x for x in old["refusals"])
+    assert any("does not read them" in w for w in old["warnings"])
+    # the sandbox's drafter (AQ-MedAI's shape: nested [2, 30, 58]) fits Kimi-K2.5 on every release
+    sbx = {k: v[1] for k, v in drafter_tensors().items()}
+    for v in ("0.16.0", "0.20.2", "0.22.1", "0.33.0"):
+        assert fit.check(kimi_config(), drafter_config(), sbx, "vllm", v)["refusals"] == [], v

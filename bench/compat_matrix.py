@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""The engine-release matrix from each release's own source: every vLLM minor from 0.16 to the newest on the package
+index, every SGLang release from 0.5.12 to the newest, read from the wheels (no install: the source and the wheel's
+metadata), and docs/compatibility.md written from what was measured (with the date and the deployer commit).
+
+Per vLLM release: what the patch engine detects on its real files (patched / native / refused, by detection), which
+of the watcher's wordings its source prints, the load strategies and speculative-config keys its own config classes
+declare, whether its speculative config still refuses a non-DeepSeek EAGLE-3 target before the load, where it reads
+a drafter's aux layer ids, the Model Runner V2 default, and its torch pin.  Per SGLang release: the capability probe
+the patch stage runs on the installed source (Kimi-K2.5 class, its EAGLE-3 hook, the MLA drafter class), where it
+reads aux layer ids, its torch pin.
+
+What this does NOT run (it needs each release installed, ~11 GB with torch and CUDA libraries): the engine's own
+checks on the rendered argv, the stand-in on that release and the smoke.  CI runs those on 0.16.0 (patched) and
+0.18.0 (first native) and SGLang 0.5.23; the real GPU runs are vLLM 0.20.0 (docs/real-engine.md).
+
+    .venv/bin/python bench/compat_matrix.py            # all; wheels cached under ~/.cache/deployer/wheels
+    .venv/bin/python bench/compat_matrix.py --vllm 0.16.0 0.33.0 --sglang 0.5.23
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from deployer.ansible_plugins.module_utils import eagle3_patch as pe  # noqa: E402
+from deployer.ansible_plugins.module_utils import sglang_source  # noqa: E402
+from helpers import CACHE  # noqa: E402
+
+WHEELS = CACHE / "wheels"
+# what the watcher (module_utils/vllm_logs.py) reads, as literal fragments of the source that prints it
+WORDINGS = {
+    "shards bar": "Loading safetensors checkpoint shards",
+    "weights took": "Loading weights took",
+    "drafter": "Loading drafter model",
+    "compile took": "torch.compile took",
+    "compile takes (<0.18)": "torch.compile takes",
+    "cache hit (0.16/0.18)": "Directly load the compiled graph",
+    "cache hit AOT (0.20+)": "Directly load AOT compilation",
+    "cache miss": "Compiling a graph for compile range",
+    "KV tokens": "GPU KV cache size",
+    "graphs bar": "Capturing CUDA graphs",
+    "init engine": "init engine (profile, create kv cache",
+    "server on": "Starting vLLM server on",
+    "API server 0 on": "Starting vLLM API server",
+    "prefetch bar": "Prefetching checkpoint files",
+    "multi-thread bar": "Multi-thread loading shards",
+}
+
+
+def versions(pkg: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", pkg], capture_output=True, text=True).stdout
+    m = re.search(r"Available versions: (.*)", out)
+    return [v.strip() for v in m.group(1).split(",")] if m else []
+
+
+def vtuple(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def latest_per_minor(all_versions: list[str], lo: tuple) -> list[str]:
+    best: dict = {}
+    for v in all_versions:
+        if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", v) or vtuple(v) < lo:
+            continue
+        key = vtuple(v)[:2]
+        if key not in best or vtuple(v) > vtuple(best[key]):
+            best[key] = v
+    return [best[k] for k in sorted(best)]
+
+
+def wheel(pkg: str, version: str) -> Path:
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    found = sorted(WHEELS.glob(f"{pkg}-{version}-*.whl"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--python-version", "3.12", *[a for n in (35, 34, 31, 28, 27, 24, 17)
+                                                      for a in ("--platform", f"manylinux_2_{n}_x86_64")],
+                        "-d", str(WHEELS), f"{pkg}=={version}"],
+                       check=True, capture_output=True)
+        found = sorted(WHEELS.glob(f"{pkg}-{version}-*.whl"))
+    return found[0]
+
+
+def torch_pin(z: zipfile.ZipFile) -> str:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    for line in z.read(meta).decode().splitlines():
+        m = re.match(r"Requires-Dist: torch\s*(?:\(([^)]*)\)|([=<>!~][^;]*))?\s*(;.*)?$", line)
+        if m and "extra ==" not in (m.group(3) or ""):
+            return (m.group(1) or m.group(2) or "any").strip()
+    return "-"
+
+
+def spec_fields(src: str) -> list[str]:
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "SpeculativeConfig":
+            return [n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return []
+
+
+def vllm_row(version: str) -> dict:
+    row: dict = {"engine": "vLLM", "version": version}
+    try:
+        path = wheel("vllm", version)
+    except subprocess.CalledProcessError as e:
+        return dict(row, error=f"not installable here: {e.stderr.decode()[-300:].strip()}")
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        py = {n: z.read(n).decode("utf-8", "replace") for n in names if n.endswith(".py") and n.startswith("vllm/")}
+        row["torch"] = torch_pin(z)
+        with tempfile.TemporaryDirectory() as d:
+            for rel in pe.__dict__.get("FILES", ()) or ():
+                if rel in names:
+                    z.extract(rel, d)
+            for rel in ("vllm/model_executor/models/deepseek_v2.py", "vllm/model_executor/models/kimi_k25.py",
+                        "vllm/config/speculative.py", "vllm/v1/spec_decode/eagle.py",
+                        "vllm/v1/spec_decode/llm_base_proposer.py", "vllm/__init__.py", "vllm/_version.py",
+                        "vllm/version.py"):
+                if rel in names:
+                    z.extract(rel, d)
+            try:
+                plan = pe.plan_from_sources(str(Path(d) / "vllm"))
+                row["patch"] = ("patched: " + ", ".join(plan.needed)) if plan.needed else "native"
+            except pe.PatchError as e:
+                row["patch"] = "refused: " + str(e)[:160]
+    allsrc = "\n".join(py.values())
+    row["wordings"] = sorted(k for k, frag in WORDINGS.items() if frag in allsrc)
+    load = py.get("vllm/config/load.py", "")
+    m = re.search(r"safetensors_load_strategy:\s*([^=\n]+)=[^\n]*\n(\s*\"\"\"(?:.|\n)*?\"\"\")?", load)
+    literal = re.findall(r'"(\w+)"', m.group(1)) if m else []
+    documented = re.findall(r'^\s*- "(\w+)"', m.group(2) or "", re.M) if m else []
+    row["load_strategies"] = literal or documented
+    row["spec_keys"] = [k for k in ("attention_backend", "kv_cache_dtype", "draft_attention_backend",
+                                    "draft_kv_cache_dtype", "rejection_sample_method")
+                        if k in spec_fields(py.get("vllm/config/speculative.py", "class X: pass"))]
+    spec_src = py.get("vllm/config/speculative.py", "")
+    row["eagle3_target_check"] = ("Eagle3 is only supported for" in spec_src
+                                  or "is only supported for {aux_hidden_states_supported}" in spec_src)
+    runner = py.get("vllm/v1/worker/gpu_model_runner.py", "")
+    top = ("hf_config.eagle_aux_hidden_state_layer_ids" in runner
+           or re.search(r"(?:getattr|hasattr)\(hf_config, \"eagle_aux_hidden_state_layer_ids\"", runner))
+    nested = 'eagle_config.get("eagle_aux_hidden_state_layer_ids")' in runner
+    row["aux_ids"] = ("top-level, else eagle_config" if top and nested else "top-level only" if top else "?")
+    head = py.get("vllm/model_executor/models/llama_eagle3.py", "")
+    row["fc_sizing"] = ("len(eagle_config ids) x hidden" if "num_aux_hidden_states = len(layer_ids)" in head
+                        else "3 x hidden" if "hidden_size * 3" in head else "?")
+    envs = py.get("vllm/envs.py", "")
+    m = re.search(r'os\.getenv\(\s*"VLLM_USE_V2_MODEL_RUNNER",\s*("?\w+"?)', envs)
+    row["model_runner_v2_default"] = ({'"1"': "on", '"0"': "off", "None": "auto"}.get(m.group(1), m.group(1))
+                                      if m else "-")
+    row["disable_log_requests_flag"] = "disable-log-requests" in allsrc or "disable_log_requests" in allsrc
+    return row
+
+
+def sglang_row(version: str) -> dict:
+    row: dict = {"engine": "SGLang", "version": version}
+    try:
+        path = wheel("sglang", version)
+    except subprocess.CalledProcessError as e:
+        return dict(row, error=f"not installable here: {e.stderr.decode()[-300:].strip()}")
+    with zipfile.ZipFile(path) as z, tempfile.TemporaryDirectory() as d:
+        row["torch"] = torch_pin(z)
+        for n in z.namelist():
+            if n.startswith("sglang/srt/") and n.endswith(".py") or n in ("sglang/version.py", "sglang/__init__.py"):
+                z.extract(n, d)
+        root = str(Path(d) / "sglang")
+        try:
+            cap = sglang_source.capability(root, "LlamaForCausalLMEagle3")
+            row["capability"] = cap if isinstance(cap, dict) else {"result": str(cap)}
+        except Exception as e:  # noqa: BLE001 - a release the probe refuses is a row too
+            row["capability"] = {"refused": f"{type(e).__name__}: {e}"[:200]}
+        aux = Path(d, "sglang/srt/model_executor/model_runner_components/spec_aux_hidden_state.py")
+        runner = Path(d, "sglang/srt/model_executor/model_runner.py")
+        text = (aux.read_text() if aux.exists() else "") + (runner.read_text() if runner.exists() else "")
+        row["aux_ids"] = "eagle_config (nested)" if re.search(
+            r"eagle_config(?:\.get\(|\[)\s*[\"']eagle_aux_hidden_state_layer_ids", text) else "?"
+    return row
+
+
+def table(rows: list[dict], commit: str) -> str:
+    today = datetime.date.today().isoformat()
+    out = [f"# Engine releases, measured\n\nGenerated by `bench/compat_matrix.py` on {today} at deployer commit "
+           f"`{commit}` from each release's own wheel (its source and metadata; nothing installed). Regenerate: "
+           "`.venv/bin/python bench/compat_matrix.py`.\n",
+           "What each column is: **patch** what the patch engine detects on that release's real files (patched with "
+           "which of P1-P5, native, or refused, by detection, never by a version list); **wordings** which of the "
+           "watcher's log lines its source prints; **load** the `--safetensors-load-strategy` choices its LoadConfig "
+           "declares (the deployer passes only those the installed release's own parser accepts: the verify stage); "
+           "**spec keys** the speculative-config fields among those the deployer cares about; **EAGLE-3 target "
+           "check** whether its speculative config still refuses a non-DeepSeek/Llama EAGLE-3 target before the load "
+           "(when not, the deployer's own pre-load checks are the only early ones); **aux ids** where it reads a "
+           "drafter's aux layer ids and **drafter fc** how it sizes the drafter's fc (both: the drafter check, "
+           "`deployer/engines/vllm.py`); **MRv2** Model Runner V2's default (`VLLM_USE_V2_MODEL_RUNNER`); **torch** its pin (the lent GPU machine has torch 2.11).\n",
+           "Not run per release (each needs ~11 GB installed): the engine's own checks on the rendered argv, the "
+           "stand-in reading that release's lines, the watcher and the smoke. CI runs them on vLLM 0.16.0 and 0.18.0 "
+           "and SGLang 0.5.23; vLLM 0.20.0 ran on a real GPU (docs/real-engine.md).\n",
+           "## vLLM\n",
+           "| vLLM | patch | wordings the watcher matches | load | spec keys | EAGLE-3 target check | aux ids | "
+           "drafter fc | MRv2 | --disable-log-requests | torch |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["engine"] != "vLLM":
+            continue
+        if r.get("error"):
+            out.append(f"| {r['version']} | {' '.join(r['error'].split())[-160:]} | | | | | | | | | |")
+            continue
+        out.append(f"| {r['version']} | {r['patch']} | {', '.join(r['wordings'])} | {'/'.join(r['load_strategies'])} "
+                   f"| {', '.join(r['spec_keys']) or '-'} | {'yes' if r['eagle3_target_check'] else 'no'} | "
+                   f"{r['aux_ids']} | {r['fc_sizing']} | {r['model_runner_v2_default']} | "
+                   f"{'present' if r['disable_log_requests_flag'] else 'removed'} | {r['torch']} |")
+    out += ["", "## SGLang\n", "| SGLang | capability probe (Kimi-K2.5 + EAGLE-3, Llama drafter) | aux ids | torch |",
+            "|---|---|---|---|"]
+    for r in rows:
+        if r["engine"] != "SGLang":
+            continue
+        if r.get("error"):
+            out.append(f"| {r['version']} | {r['error']} | | |")
+            continue
+        cap = r["capability"]
+        text = cap.get("refused") or ("; ".join(cap["problems"]) if cap.get("problems") else
+                                      f"serves it: Kimi-K2.5 class, EAGLE-3 hook, drafter class {cap.get('drafter_class')}")
+        out.append(f"| {r['version']} | {text} | {r['aux_ids']} | {r['torch']} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vllm", nargs="*")
+    ap.add_argument("--sglang", nargs="*")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "compatibility.md"))
+    a = ap.parse_args()
+    vl = a.vllm if a.vllm is not None else latest_per_minor(versions("vllm"), (0, 16, 0))
+    sg = a.sglang if a.sglang is not None else [v for v in versions("sglang")
+                                                 if re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", v)
+                                                 and vtuple(v) >= (0, 5, 12)][::-1]
+    rows = []
+    for v in vl:
+        rows.append(vllm_row(v))
+        print(json.dumps(rows[-1]), flush=True)
+    for v in sg:
+        rows.append(sglang_row(v))
+        print(json.dumps(rows[-1]), flush=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    Path(a.out).write_text(table(rows, commit))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
