@@ -119,7 +119,8 @@ def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rol
         r = deployer("status", "--sandbox", *loop)
         text = flat(r.stdout)
         assert "CRASH LOOP: systemd restarted the server" in text and "(limit 2)" in text, text
-        assert "last fatal (engine_dead): Worker proc VllmWorker-3 died unexpectedly" in text, text
+        # a worker that died without a word of its own (only the executor's): named as a silent death (issue 21)
+        assert "last fatal (killed): Worker proc VllmWorker-3 died unexpectedly" in text, text
         assert f"roll back to {live}" in text, text
         # asked to, status rolls the crash-looping host back; the previous release serves
         r = deployer("status", "--sandbox", "--rollback-if-crash-looping", *loop)

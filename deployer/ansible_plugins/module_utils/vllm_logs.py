@@ -158,8 +158,7 @@ def silent_death(found, engine_spoke, gone_line):
     only_markers = found is None or (found[0] in GENERIC_FATAL and (
         _ENGINE_GONE.search(found[1]) or any(rx.search(found[1]) for k, rx in FATAL if k in GENERIC_FATAL)))
     if gone_line and not engine_spoke and only_markers:
-        return ("killed", "the engine process died without a message (SIGKILL; on a real host usually the "
-                          "kernel's OOM killer): " + gone_line)
+        return ("killed", gone_line)      # the words are the engine's own; advice("killed") says what it means
     return found
 
 

@@ -124,7 +124,7 @@ import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_logs import LoadState, eta_seconds, journal_entry, overdue_seconds
+from ansible.module_utils.vllm_logs import LoadState, advice, eta_seconds, journal_entry, overdue_seconds
 
 TAIL = 40
 # systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
@@ -166,6 +166,12 @@ def journal(module, service, invocation):
             continue
         entries.append((int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6, e["MESSAGE"]))
     return entries
+
+
+def _advice(fatal):
+    """What to change for this root cause (vllm_logs.advice), as a clause of the reason; "" when none."""
+    text = advice(fatal["kind"], fatal["line"]) if fatal else ""
+    return " (%s)" % text if text else ""
 
 
 def health(port, host="127.0.0.1"):
@@ -221,7 +227,8 @@ def look(module, p):
                    % (active, props.get("SubState"), props.get("ExecMainStatus"),
                       (": systemd could not set the process up (%s)" % SYSTEMD_EXIT[props.get("ExecMainStatus")])
                       if props.get("ExecMainStatus") in SYSTEMD_EXIT else "", snap["phase_title"])
-                   + ("; cause: %s" % snap["fatal"]["line"] if snap["fatal"] else ""))
+                   + ("; cause: %s" % snap["fatal"]["line"] if snap["fatal"] else "")
+                   + _advice(snap["fatal"]))
         return res
     fatal = snap["fatal"]
     if fatal and fatal.get("generic") and (fatal.get("seconds_ago") or 0) < GENERIC_FATAL_GRACE_SECONDS:
@@ -229,7 +236,7 @@ def look(module, p):
     if fatal:
         res.update(state="fatal", tail=tail,
                    reason="fatal %s in phase '%s': %s" % (snap["fatal"]["kind"], snap["phase_title"],
-                                                           snap["fatal"]["line"]))
+                                                           snap["fatal"]["line"]) + _advice(snap["fatal"]))
         return res
     code = health(p["port"], p["host"])
     if code == 200 and snap["phase"] in ("api", "ready"):
