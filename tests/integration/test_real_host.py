@@ -129,13 +129,13 @@ def test_04b_a_disk_that_fills_up_during_the_drafter_copy_gets_its_space_back(tm
     root's big disk does not hide its shortage); a copy that runs out of space anyway (the preflight counts bytes,
     the filesystem allocates pages) fails naming the path and the bytes, removes its partial copy (space given
     back) and touches nothing the live release uses."""
-    import os
     import shutil
 
     from deployer.sandbox import hosts as sb
     src = tmp_path / "drafter"
     shutil.copytree(sb.STATE / "drafter", src)
-    (src / "model.safetensors").write_bytes(os.urandom((1 << 20) + 100))   # another drafter, not page-aligned
+    # another drafter (a header-true safetensors file: the drafter check reads it), not page-aligned
+    (src / "model.safetensors").write_bytes(sb.drafter_weights_bytes(sb.drafter_tensors(), (1 << 20) + 100))
     need = sum(f.stat().st_size for f in src.iterdir())
     new = ["-e", f"deployer_drafter_src_dir={src}", "-e", "preflight_disk_margin_gib=0", *FAST]
     assert up(*FAST).returncode == 0
@@ -432,3 +432,14 @@ def test_12_a_drafter_that_does_not_fit_is_refused_before_the_restart(tmp_path):
     assert "fc.weight takes 14336 inputs" in err and "target layers [2, 30, 58]" in err, err
     assert "hidden size 7168" in err and "expected 3 x 7168 = 21504" in err, err
     assert (main_pid(H), sh(H, "readlink /opt/deployer/current")) == before
+
+
+def test_13_a_line_end_or_a_managed_flag_in_any_spelling_is_refused_before_anything_restarts():
+    # guards (issue 20, items 2 and 3): "x\rUser=root" was installed and cut the unit's ExecStart at the restart;
+    # "--ho 0.0.0.0" (argparse's --host) opened a loopback deploy to every interface
+    before = (main_pid(H), sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/releases"))
+    for words, said in ((["--root-path", "/x\rUser=root"], "U+000D"), (["--ho", "0.0.0.0"], "--ho abbreviates --host"),
+                        (["--speculative-config.model", "/tmp/x"], "sets --speculative-config")):
+        r = up("-e", json.dumps({"deployer_extra_args": words}))
+        assert r.returncode == 3 and said in flat(r.stderr), (words, r.stdout + r.stderr)
+    assert (main_pid(H), sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/releases")) == before

@@ -195,9 +195,15 @@ def health(port, host="127.0.0.1"):
         s.close()
 
 
+# journald takes in a dying process's last lines a moment after it is gone: read them before naming the phase
+DEAD_JOURNAL_SETTLE_SECONDS = 1.0
+
+
 def look(module, p):
     props = unit_props(module, p["service"])
     started = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
+    if props.get("ActiveState") not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
+        time.sleep(DEAD_JOURNAL_SETTLE_SECONDS)
     entries = journal(module, p["service"], props.get("InvocationID"))
     st = LoadState(p.get("engine") or "vllm")
     for t, msg in entries:
