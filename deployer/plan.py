@@ -106,12 +106,9 @@ def is_loopback(host: str) -> bool:
 
 def probe_host(bind: str) -> str:
     """Where the host's own checks (health, watch, smoke) reach the server: the address it binds, or loopback of
-    the same family when it binds them all."""
-    if bind in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if bind == "::":
-        return "::1"
-    return bind
+    the same family when it binds them all (module_utils/releases.probe_address: the host side's rule too)."""
+    from deployer.ansible_plugins.module_utils.releases import probe_address
+    return probe_address(bind)
 
 
 def _a(word: str) -> str:

@@ -296,7 +296,7 @@ def _last_fatal(service, lines=600):
 
 def probe_host_of(argv):
     """The address the host's own checks reach a release's server on, from its argv (``--host``): the bound
-    address, or loopback of the same family when it binds all (deployer.plan.probe_host, the plan's twin)."""
+    address, or loopback of the same family when it binds all (probe_address)."""
     argv = list(argv or [])
     bind = ""
     for i, a in enumerate(argv):
@@ -304,6 +304,12 @@ def probe_host_of(argv):
             bind = argv[i + 1]
         elif a.startswith("--host="):
             bind = a.split("=", 1)[1]
+    return probe_address(bind)
+
+
+def probe_address(bind):
+    """The address the host's checks ask a server that binds ``bind`` on: itself, or loopback of the same family
+    when it binds them all.  The one rule (deployer.plan.probe_host uses it too)."""
     if bind in ("", "0.0.0.0"):
         return "127.0.0.1"
     return "::1" if bind == "::" else bind
