@@ -84,6 +84,7 @@ class Display:
         self.stages: dict[str, _Stage] = {}
         self.tasks_shown: set = set()
         self.last_watch: dict = {}
+        self.phases_shown: dict[str, set] = {}   # per host: load phases already reported
         self.live = None
         self.bars: dict = {}
         if not as_json and self.con.is_terminal:
@@ -145,6 +146,15 @@ class Display:
         if key == self.last_watch.get(host):
             return
         self.last_watch[host] = key
+        # a phase that began and ended between two polls is reported too (from the journal's phase_seconds, in
+        # the order the engine went through them), so that the record of a load names every phase it passed
+        shown = self.phases_shown.setdefault(host, set())
+        for passed, seconds in (res.get("phase_seconds") or {}).items():
+            if passed in shown or passed == res.get("phase"):
+                continue
+            shown.add(passed)
+            self._passed_phase(host, passed, seconds, res)
+        shown.add(res.get("phase"))
         if self.as_json:
             self.emit({"event": "phase", "host": host, "phase": res.get("phase"), "percent": res.get("percent"),
                        "progress": res.get("progress"), "elapsed_seconds": res.get("elapsed_seconds"),
@@ -171,6 +181,17 @@ class Display:
             e = eta_text(eta, overdue)
             label = "prewarm" if res.get("phase") == "prewarm" else "load"
             self.line(f"{'':>8}[magenta]{host}[/] {label}: {title}{pct_s}{prog} [dim]{elapsed}{', ' + e if e else ''}[/]")
+
+    def _passed_phase(self, host: str, phase: str, seconds, res: dict) -> None:
+        if self.as_json:
+            self.emit({"event": "phase", "host": host, "phase": phase, "percent": 100, "progress": None,
+                       "elapsed_seconds": res.get("elapsed_seconds"), "eta_seconds": 0, "overdue_seconds": None,
+                       "passed_seconds": seconds})
+        elif not self.live:
+            from deployer.ansible_plugins.module_utils.vllm_logs import PHASE_TITLES
+            label = "prewarm" if phase == "prewarm" else "load"
+            took = f"{float(seconds):.0f}s" if isinstance(seconds, (int, float)) else "?"
+            self.line(f"{'':>8}[magenta]{host}[/] {label}: {PHASE_TITLES.get(phase, phase)} done [dim]{took}[/]")
 
     def _watch_done(self, host: str, res: dict) -> None:
         if self.live and host in self.bars:

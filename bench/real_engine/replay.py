@@ -60,7 +60,8 @@ def replay(run_dir, engine="vllm"):
     cause = V.root_cause([m for _t, m in msgs])
     d = Path(run_dir)
     result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else {}
-    return {"run": d.name, "phases": [p for _t, p in transitions], "transitions": transitions,
+    # phases in the order first entered (vLLM 0.20 returns from KV-cache sizing to compile for the EAGLE head)
+    return {"run": d.name, "phases": list(dict.fromkeys(p for _t, p in transitions)), "transitions": transitions,
             "percents": percents, "first_fatal": first_fatal, "snapshot": st.snapshot(t),
             "root_cause": cause, "advice": V.advice(cause[0], cause[1]) if cause else "",
             "ready_seconds": result.get("ready_seconds"), "returncode": result.get("returncode"),

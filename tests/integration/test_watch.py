@@ -1,9 +1,10 @@
 """Seeing the load: stall and crash detection, acceptance floor, ETA from the previous release."""
 import json
+import re
 
 import pytest
 
-from sandbox_helpers import flat, needs_sandbox, sandbox_hosts, sh, up
+from sandbox_helpers import FAST, flat, needs_sandbox, sandbox_hosts, sh, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -37,13 +38,16 @@ def test_stall_is_reported_by_the_stall_limit_not_the_budget(sandbox):
     sandbox.set_knobs(H, standin={"stall_phase": "compile", "only_if_arg": "0.87"})
     try:
         r = up("-e", "deployer_gpu_memory_utilization=0.87", "-e", "watch_stall_seconds={'default': 600, 'compile': 6}",
-               "-e", "watch_budget_seconds=1500")
+               "-e", "watch_budget_seconds=1500", *FAST)
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 1, r.stderr
     err = flat(r.stderr)
-    assert "stalled: no progress for" in err and "in phase 'torch.compile' (stall limit 6 s)" in err
-    assert r.seconds < 200
+    # the compile phase's own limit ended it: named, and measured above it but far below the default's 600 s and
+    # the 1500 s budget (the engine's silence, not the controller's wall clock, which a loaded machine stretches)
+    m = re.search(r"stalled: no progress for (\d+) s in phase 'torch.compile' \(stall limit 6 s\)", err)
+    assert m and 6 <= int(m.group(1)) < 60, err
+    assert "budget" not in err.split("stalled:")[1].split(";")[0], err
     assert sh(H, "readlink /opt/deployer/current") == live
 
 

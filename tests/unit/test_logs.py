@@ -1,4 +1,6 @@
 """The load-phase parser on vLLM's real line formats (docs/standin-fidelity.md lists each line's vLLM source)."""
+import pytest
+
 from deployer.ansible_plugins.module_utils.vllm_logs import (
     LoadState,
     eta_seconds,
@@ -157,8 +159,9 @@ def test_root_cause_reads_past_ready_and_prefers_the_specific_kind():
         "unexpectedly, shutting down executor.",
         "(APIServer pid=9) ERROR 11-30 12:00:06 [core_client.py:616] Engine core proc EngineCore_DP0 died "
         "unexpectedly, shutting down client."]
+    # the worker said nothing of its own before it went: a silent death (SIGKILL, the OOM killer), issue 21
     assert root_cause(serving_then_dying) == (
-        "engine_dead", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.")
+        "killed", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.")
     oom_after_generic = ["ERROR [core.py:1] EngineCore failed to start.", "Traceback (most recent call last):",
                          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
     assert root_cause(oom_after_generic)[0] == "cuda_oom"
@@ -188,3 +191,40 @@ def test_last_fatal_is_the_newest_run_that_logged_one(monkeypatch):
         "runs_ago": 1, "at": 3.5}
     lines[:] = lines[3:]
     assert rel._last_fatal("deployer-vllm") is None
+
+
+@pytest.mark.parametrize("last,phase", [
+    ("Loading drafter model...", "drafter"),
+    ("Model loading took 74.31 GiB memory and 1.295829 seconds", "compile"),
+    ("torch.compile takes 2.00 s in total", "kv_cache"),
+    ("Initial profiling/warmup run took 4.37 s", "kv_cache"),
+    ("Available KV cache memory: 11.42 GiB", "kv_cache"),
+    ("Maximum concurrency for 131,072 tokens per request: 3.19x", "graphs"),
+])
+def test_a_crash_right_after_a_phase_s_end_line_is_named_by_the_phase_that_followed(last, phase):
+    # guards (issue 24): the watcher named the phase whose LAST line it had seen: a crash in torch.compile's trace
+    # (after "Model loading took", before compile's first line) was "loading drafter", one in the KV-cache
+    # profiling run "torch.compile", one before the first CUDA graph "KV cache sizing"
+    from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+    st = LoadState()
+    for i, line in enumerate(["Starting to load model /srv/models/Kimi-K2.5...",
+                              "Loading safetensors checkpoint shards: 100% Completed | 64/64 [00:01<00:00]",
+                              "Loading weights took 1.00 seconds", last,
+                              "(EngineCore_DP0 pid=1) ERROR [core.py:1] EngineCore failed to start."]):
+        st.feed("(Worker_TP0 pid=1) INFO 12-01 13:36:01 [x.py:1] " + line if i < 4 else line, float(i))
+    assert st.phase == phase
+
+
+def test_vllm_0_20_s_eagle_head_compile_after_the_warmup_run_stays_compile():
+    from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+    st = LoadState()
+    for t, line in enumerate(["Model loading took 0.24 GiB memory and 0.674104 seconds",
+                              "torch.compile took 21.54 s in total", "Initial profiling/warmup run took 4.37 s",
+                              "Using cache directory: /c/torch_compile_cache/e8/rank_0_0/eagle_head for vLLM's torch.compile",
+                              "torch.compile took 12.88 s in total", "Available KV cache memory: 82.39 GiB"]):
+        st.feed(line, float(t))
+        if t == 3:
+            assert st.phase == "compile"
+    took = st.phase_durations(6.0)
+    assert st.phase == "kv_cache" and list(took) == ["starting", "compile", "kv_cache"], took
+    assert took["compile"] == 4.0 and st.facts["compile_seconds"] == 34.42

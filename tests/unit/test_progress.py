@@ -125,3 +125,24 @@ def test_diff_is_shown_as_a_unified_diff():
                                      "before_header": "argv.json", "after_header": "argv.json"}]}))
     text = buf.getvalue()
     assert '-  "131072"' in text and '+  "4096"' in text and "--- argv.json" in text
+
+
+def test_phases_passed_between_two_polls_are_reported(capsys):
+    # guards: a poll saw weights, the next one graphs; the drafter, compile and KV-cache phases passed in between
+    # (fast phases, a loaded controller) and were never reported - the load's record skipped them
+    seen = {"weights": 100.0, "drafter": 4.0, "compile": 30.0, "kv_cache": 2.0}
+    d = output.Display(as_json=True)
+    d(ev("runner_retry", "h1", "watch", res={"phase": "weights", "percent": 45.3, "elapsed_seconds": 70.0,
+                                             "eta_seconds": 95.0, "phase_seconds": {"weights": 60.0}}))
+    d(ev("runner_retry", "h1", "watch", res={"phase": "graphs", "percent": None, "elapsed_seconds": 200.0,
+                                             "eta_seconds": 3.0, "phase_seconds": {**seen, "graphs": 1.0}}))
+    phases = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(p["phase"], p.get("passed_seconds")) for p in phases] == [
+        ("weights", None), ("drafter", 4.0), ("compile", 30.0), ("kv_cache", 2.0), ("graphs", None)]
+    assert all(p["eta_seconds"] is not None for p in phases)
+    buf = io.StringIO()
+    d = output.Display(as_json=False, console=Console(file=buf, force_terminal=False, width=200))
+    d(ev("runner_retry", "h1", "watch", res={"phase": "graphs", "phase_title": "CUDA graph capture",
+                                             "elapsed_seconds": 200.0, "phase_seconds": {**seen, "graphs": 1.0}}))
+    text = buf.getvalue()
+    assert "load: torch.compile done 30s" in text and text.index("loading drafter") < text.index("CUDA graph")

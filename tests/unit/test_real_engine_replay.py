@@ -54,7 +54,8 @@ def test_each_real_failure_is_named_by_its_root_cause_with_advice(run, kind, lin
     assert advice in r["advice"]
     if run != "bad_drafter":     # died during the load: the watcher names it there, in the phase it died in
         assert r["snapshot"]["fatal"]["kind"] == kind
-        assert r["phases"][-1] == ("compile" if run == "kv_too_small" else "weights")
+        # guards (issue 24): vLLM sizes the KV cache after the compile total; the watcher used to name "compile"
+        assert r["phases"][-1] == ("kv_cache" if run == "kv_too_small" else "weights")
     else:                         # served, then died on the first request: /health 200, then gone
         assert [h["status"] for h in r["health"]] == [0, 200] and r["api"]["chat"]["status"] == 500
         assert r["api"]["health_after"]["status"] in (0, 503)
@@ -123,3 +124,20 @@ def test_gpu_memory_held_by_another_process_at_start():
     r = replay(BENCH / "gpu_busy")
     assert r["root_cause"][0] == "gpu_memory_in_use"
     assert "measured 38.77 of 139.8 GiB free; deployer_gpu_memory_utilization 0.6 wants 83.88 GiB" in r["advice"]
+
+
+def test_a_worker_killed_while_serving_is_a_silent_death_not_the_engines_words():
+    # guards: with tensor parallelism the engine core's own monitor reports a killed worker at ERROR level
+    # ("Worker proc VllmWorker-3 died unexpectedly", vllm/v1/executor/multiproc_executor.py); that line says a
+    # process is gone, it is no root cause of the engine's own, so the death stays "killed" (status, the watcher)
+    from deployer.ansible_plugins.module_utils.vllm_logs import root_cause
+    lines = ["(APIServer pid=7) INFO 12-01 12:40:21 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000",
+             "(EngineCore_DP0 pid=9) ERROR 12-01 12:41:00 [multiproc_executor.py:154] Worker proc VllmWorker-3 died "
+             "unexpectedly, shutting down executor.",
+             "(APIServer pid=7) ERROR 12-01 12:41:00 [core_client.py:564] Engine core proc EngineCore_DP0 died "
+             "unexpectedly, shutting down client."]
+    assert root_cause(lines) == ("killed", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.")
+    # an engine that said why it died keeps its own words
+    said = lines[:1] + ["(EngineCore_DP0 pid=9) ERROR 12-01 12:40:59 [core.py:1] RuntimeError: CUDA error: an "
+                        "illegal memory access was encountered"] + lines[1:]
+    assert root_cause(said)[0] != "killed"

@@ -36,6 +36,8 @@ RX = {
                               r"Directly load AOT compilation from path"),
     "compile_miss": re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s"),
     "kv": re.compile(r"GPU KV cache size: ([\d,]+) tokens|Available KV cache memory: ([\d.]+) GiB"),
+    "warmup_run": re.compile(r"Initial profiling/warmup run took ([\d.]+) s"),
+    "max_concurrency": re.compile(r"Maximum concurrency for [\d,]+ tokens per request"),
     "graphs": re.compile(r"Capturing CUDA graphs \(([^)]*)\):\s+(\d+)%.*?(\d+)/(\d+)"),
     "graphs_done": re.compile(r"Graph capturing finished in (\d+) secs"),
     "engine": re.compile(r"init engine \(.*?\) took ([\d.]+) s(?:econds)?(?: \(compilation: ([\d.]+) s\))?"),
@@ -148,8 +150,10 @@ _ENGINE_PREFIX = re.compile(r"^\((?:EngineCore|Worker|VllmWorker)[^)]*\)")
 
 
 def _engine_spoke(raw):
-    """A line the engine process (not the API server) wrote as an error or a traceback."""
-    return bool(_ENGINE_PREFIX.match(raw.strip())) and bool(re.search(r"\bERROR\b|Traceback|Error:", raw))
+    """A line the engine process (not the API server) wrote as an error or a traceback of its own.  Its monitor's
+    report of another process gone (a killed worker under tensor parallelism) is not one: it names no cause."""
+    return (bool(_ENGINE_PREFIX.match(raw.strip())) and bool(re.search(r"\bERROR\b|Traceback|Error:", raw))
+            and not _ENGINE_GONE.search(raw))
 
 
 def silent_death(found, engine_spoke, gone_line):
@@ -217,14 +221,22 @@ class LoadState(object):
         self.compile_passes = []    # torch.compile seconds, one per compiled module (backbone, EAGLE head)
         self.engine_spoke = False   # the engine process logged an error of its own (else a death is silent)
         self.engine_gone = ""       # the API server's line saying the engine process is gone
+        self.tentative = False      # the phase was entered on the previous one's end line: a compile line may follow
 
-    def _enter(self, phase, t):
+    def _enter(self, phase, t, tentative=False):
+        if self.tentative and phase == "compile" and self.phase == "kv_cache":
+            # vLLM 0.20+ compiles the EAGLE head after the target's compile total and warm-up run: still compiling
+            del self.phase_started["kv_cache"]
+            self.phase, self.tentative = "compile", False
         if PHASES.index(phase) < PHASES.index(self.phase):
             return  # a late line from another rank never moves the phase backwards
         if phase != self.phase:
             self.phase = phase
             self.progress = None
             self.phase_started[phase] = t
+            self.tentative = tentative
+        elif not tentative:
+            self.tentative = False
         self.last_progress_t = t
 
     def feed(self, raw, t=None):
@@ -332,9 +344,11 @@ def _r_weights_took(st, m, t):
 
 
 def _r_model_took(st, m, t):
+    # the model (target and drafter) is loaded: what runs next is torch.compile's trace (its first line comes only
+    # when the backend is called, seconds later), so a crash after this line is a compile crash
     st.facts["model_gib"] = float(m.group(1))
     st.facts["model_load_seconds"] = float(m.group(2))
-    st.last_progress_t = t
+    st._enter("compile", t)
 
 
 def _r_compile_cache(value):
@@ -352,6 +366,18 @@ def _r_compile(st, m, t):
         st.compile_passes.append(float(m.group(1)))
         st.facts["compile_seconds"] = round(sum(st.compile_passes), 3)
         st.facts["compile_passes"] = len(st.compile_passes)
+        # the compile total ends the pass; the profiling run that sizes the KV cache follows (0.20+: unless the
+        # EAGLE head's own compile comes first, which returns to compile)
+        st._enter("kv_cache", t, tentative=True)
+
+
+def _r_warmup_run(st, m, t):
+    st._enter("kv_cache", t, tentative=True)
+
+
+def _r_max_concurrency(st, m, t):
+    # the KV cache's last line: CUDA graph capture follows (its bar only once the first graph is captured)
+    st._enter("graphs", t)
 
 
 def _r_kv(st, m, t):
@@ -404,6 +430,8 @@ RULES = (
     ("compile_miss", _r_compile_cache("miss")),
     ("compile", _r_compile),
     ("kv", _r_kv),
+    ("warmup_run", _r_warmup_run),
+    ("max_concurrency", _r_max_concurrency),
     ("graphs", _r_graphs),
     ("graphs_done", _r_graphs_done),
     ("engine", _r_engine),

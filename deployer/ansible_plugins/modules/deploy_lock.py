@@ -135,13 +135,14 @@ def main():
     holder = read(path)
     took_over = None
     if p["state"] == "present" and p["take_over"] and holder is not None and holder.get("token") != p["token"]:
-        # Under a lock on the host (flock on a file beside the lock): re-read the holder and replace it only if it
-        # is still the one judged stale; of two controllers taking over at once, exactly one wins, and a holder
-        # that changed in the meantime (a third run took it) is never taken over.
+        # Under a lock on the host (flock on the directory that holds the lock: no file is left behind): re-read
+        # the holder and replace it only if it is still the one judged stale; of two controllers taking over at
+        # once, exactly one wins, and a holder that changed in the meantime (a third run took it) is never taken
+        # over.
         guard = None
         if not m.check_mode:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            guard = os.open(path + ".takeover", os.O_WRONLY | os.O_CREAT, 0o600)
+            guard = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
             fcntl.flock(guard, fcntl.LOCK_EX)
             holder = read(path)
         try:
