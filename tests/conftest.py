@@ -5,6 +5,21 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 
+def pytest_sessionstart(session):
+    """The sandbox seeds (tests/integration/sandbox_helpers.py SEED) of earlier runs go: a seed is only ever
+    this run's own deploy, never one made by older code.  Only the run's main process prunes (not xdist workers),
+    and only seeds older than a day, which no run still going can be using."""
+    import os
+    import shutil
+    import time
+    root = Path("/var/lib/deployer-sandbox-seed")
+    if os.environ.get("PYTEST_XDIST_WORKER") or not root.is_dir():
+        return
+    for d in root.iterdir():
+        if time.time() - d.stat().st_mtime > 86400:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def pytest_configure(config):
     """Under pytest-xdist each worker gets its own sandbox slot (own bridge, subnet, hosts, state dir), so
     test modules run side by side; deployer.sandbox.hosts reads the slot when it is first imported."""

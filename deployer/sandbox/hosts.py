@@ -248,7 +248,7 @@ def write_drafter_dir(root: Path, fc_in: int | None = None) -> Path:
 
 
 # ------------------------------------------------------------------ lifecycle
-def _prepare_upper(h: Host, pubkey: str) -> Path:
+def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None) -> Path:
     d = h.dir
     upper, work, merged = d / "upper", d / "work", d / "merged"
     for p in (upper, work, merged):
@@ -311,6 +311,13 @@ def _prepare_upper(h: Host, pubkey: str) -> Path:
         dst = upper / DEPLOY_ROOT.lstrip("/") / "cache"
         dst.mkdir(parents=True, exist_ok=True)
         _run("cp", "-al", cache, dst / "uv")
+    # a pre-baked image (save_seed): finished venvs another sandbox host's deploy made, hard-linked in like the uv
+    # cache (their files are the cache's own links); the deployer finds them complete and installs nothing
+    if seed and seed.is_dir():
+        venvs = mk(DEPLOY_ROOT.lstrip("/") + "/venvs")
+        for v in sorted(seed.iterdir()):
+            if not v.name.startswith(".") and (v / ".deployer-installed").is_file():
+                _run("cp", "-al", v, venvs / v.name)
     for p in opaque:
         os.setxattr(p, "trusted.overlay.opaque", b"y")
     return merged
@@ -362,7 +369,7 @@ def is_running(h: Host) -> bool:
         return False
 
 
-def start_host(i: int) -> Host:
+def start_host(i: int, seed: Path | None = None) -> Host:
     h = host(i)
     if is_running(h):
         return h
@@ -371,7 +378,7 @@ def start_host(i: int) -> Host:
     h.dir.mkdir(parents=True, exist_ok=True)
     if not (h.dir / "ssh_host_ed25519_key").exists():
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", h.dir / "ssh_host_ed25519_key")
-    _prepare_upper(h, Path(f"{key}.pub").read_text())
+    _prepare_upper(h, Path(f"{key}.pub").read_text(), seed)
     _ensure_bridge()
     ns = _netns(h)
     _run("ip", "link", "del", ns, check=False)
@@ -486,10 +493,6 @@ def write_client_files(hosts: list[Host]) -> None:
         "deployer_sandbox": True,
         "deployer_launcher": ["{python}", STANDIN_PATH],
         "vllm_install_offline": True,
-        # SANDBOX: up to 20 hosts share this machine's cores; compiling every venv whole (uv --compile-bytecode,
-        # ~36 CPU-s a venv) made an 8-host cold up 504 s instead of ~330 s.  A real host compiles on its own
-        # cores.  test_real_host.py deploys with it on.
-        "vllm_install_compile_bytecode": False,
         "deployer_drafter_src_dir": str(STATE / "drafter"),
         "deployer_model_dir": MODEL_DIR,
         "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),
@@ -526,9 +529,10 @@ def is_sudo(h: Host | str) -> bool:
     return _role(host(int(h[3:])) if isinstance(h, str) else h) == "sudo"
 
 
-def start(n: int = 1, balancer: bool = False, sudo: bool = False) -> list[Host]:
+def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | None = None) -> list[Host]:
     """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer); with
-    ``sudo`` the gpu hosts refuse root over SSH and the deployer logs in as ``deploy`` and uses sudo."""
+    ``sudo`` the gpu hosts refuse root over SSH and the deployer logs in as ``deploy`` and uses sudo; with ``seed``
+    (a directory save_seed filled) the gpu hosts boot with its finished venvs in place."""
     missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
     if balancer and not tools.find("haproxy"):
         missing.append("haproxy")
@@ -544,12 +548,32 @@ def start(n: int = 1, balancer: bool = False, sudo: bool = False) -> list[Host]:
         lb = host(n + 1)
         lb.dir.mkdir(parents=True, exist_ok=True)
         (lb.dir / "role").write_text("balancer\n")
-    hosts = [start_host(i) for i in range(1, n + 1 + (1 if balancer else 0))]
+    hosts = [start_host(i, seed if i <= n else None) for i in range(1, n + 1 + (1 if balancer else 0))]
     write_client_files(sorted({h.name: h for h in hosts + hosts_on_disk() if is_running(h)}.values(),
                               key=lambda h: h.name))
     for h in hosts:
         wait_ssh(h)
     return hosts
+
+
+def save_seed(h: Host, venv: str, seed: Path) -> bool:
+    """Keep the finished venv ``venv`` of host ``h`` (its upper layer, on this machine's disk) in ``seed`` for
+    later hosts (start(seed=...)): hard links, so instant and no extra disk.  Only a venv the deployer marked
+    complete; the first one saved wins.  True when this call saved it."""
+    src = h.dir / "upper" / venv.lstrip("/")
+    dst = seed / Path(venv).name
+    if dst.exists() or not (src / ".deployer-installed").is_file():
+        return False
+    seed.mkdir(parents=True, exist_ok=True)
+    tmp = seed / f".{dst.name}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _run("cp", "-al", src, tmp)
+    try:
+        os.rename(tmp, dst)
+    except OSError:          # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    return True
 
 
 def _stop_host(h: Host) -> None:

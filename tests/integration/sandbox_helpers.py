@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,8 +39,22 @@ def deployer(*args, timeout=900, env=None):
     return r
 
 
+# A pre-baked image, per test run (issue 24): the first finished deploy of the default release on any worker keeps
+# its venv (installed, patched, bytecode compiled) as hard links; later modules' hosts boot with it, so only
+# modules that are about installing (sandbox_hosts(seed=False)) pay for it again.  Seeds of other runs are pruned
+# (tests/conftest.py).
+SEED_ROOT = Path("/var/lib/deployer-sandbox-seed")
+SEED = SEED_ROOT / (os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"run-{os.getpid()}")
+
+
 def up(*args, **kw):
-    return deployer("up", "--sandbox", *args, **kw)
+    r = deployer("up", "--sandbox", *args, **kw)
+    if r.returncode == 0 and not (SEED / Path(venv()).name).exists():
+        from deployer.sandbox import hosts as sb
+        for h in sb.hosts_on_disk():
+            if not sb.is_balancer(h) and sb.save_seed(h, venv(), SEED):
+                break
+    return r
 
 
 def sh(host, cmd, check=True):
@@ -68,12 +83,12 @@ def flat(text):
     return " ".join(text.split())
 
 
-def sandbox_hosts(n, **kw):
+def sandbox_hosts(n, seed=True, **kw):
     """Module fixture body: fresh sandbox hosts sbx1..sbxN for the module, stopped afterwards (``kw``: start's
-    options, e.g. sudo=True)."""
+    options, e.g. sudo=True); ``seed``: they boot with this run's pre-baked venv when one is saved (SEED)."""
     from deployer.sandbox import hosts as sb
     sb.stop()
-    sb.start(n, **kw)
+    sb.start(n, seed=SEED if seed else None, **kw)
     yield sb
     sb.stop()
 

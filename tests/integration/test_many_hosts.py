@@ -11,7 +11,7 @@ HOSTS = ["sbx1", "sbx2", "sbx3"]
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    yield from sandbox_hosts(3)
+    yield from sandbox_hosts(3, seed=False)   # parallel cold installs are the point here
 
 
 def test_parallel_then_rolling_stops_at_broken_host():

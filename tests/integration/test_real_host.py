@@ -15,7 +15,7 @@ H = "sbx1"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    yield from sandbox_hosts(1)
+    yield from sandbox_hosts(1, seed=False)   # the whole cold deploy is the point here
 
 
 def manifest(rel="current"):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from helpers import CACHE
-from sandbox_helpers import ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
+from sandbox_helpers import FAST, ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -41,7 +41,7 @@ def test_up_noop_change_rollback():
     assert releases() == [first.rsplit("/", 1)[1]] and main_pid(H) == pid
     assert audit()[-1]["changed"] is False and audit()[-1]["result"] == "ok"
 
-    r = up("-e", "deployer_max_model_len=65536")  # a changed flag: a new release
+    r = up("-e", "deployer_max_model_len=65536", *FAST)  # a changed flag: a new release (verify: test_real_host)
     assert r.returncode == 0, r.stderr
     second = sh(H, "readlink /opt/deployer/current")
     assert second != first and len(releases()) == 2

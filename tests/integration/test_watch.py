@@ -19,7 +19,7 @@ def sandbox():
 
 
 def test_second_deploy_shows_eta_and_json_phases():
-    r = up("-e", "deployer_max_model_len=65536", "--json")
+    r = up("-e", "deployer_max_model_len=65536", "--json", *FAST)
     assert r.returncode == 0, r.stderr
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     phases = [e for e in events if e["event"] == "phase"]
@@ -29,7 +29,7 @@ def test_second_deploy_shows_eta_and_json_phases():
     assert done[-1]["state"] == "ready"
     assert {"weights", "drafter", "compile", "kv_cache", "graphs"} <= set(done[-1]["phase_seconds"])
     assert events[-1]["event"] == "result" and events[-1]["ok"] is True
-    r = up("-e", "deployer_max_model_len=32768")
+    r = up("-e", "deployer_max_model_len=32768", *FAST)
     assert "ETA " in r.stderr
 
 
@@ -55,7 +55,7 @@ def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
     live = sh(H, "readlink /opt/deployer/current")
     sandbox.set_knobs(H, standin={"acceptance_rate": 0.2})
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.88", "-e", "smoke_min_acceptance_rate=0.5")
+        r = up("-e", "deployer_gpu_memory_utilization=0.88", "-e", "smoke_min_acceptance_rate=0.5", *FAST)
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 1, r.stderr
@@ -71,7 +71,7 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox):
     redraw a journal line (without it the graph phase showed no percentage until the bar closed)."""
     sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8, "graphs": 6}})
     try:
-        r = up("-e", "deployer_max_model_len=16384", "--json")
+        r = up("-e", "deployer_max_model_len=16384", "--json", *FAST)
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 0, r.stderr
