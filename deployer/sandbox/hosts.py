@@ -318,6 +318,10 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None) -> Path:
         for v in sorted(seed.iterdir()):
             if not v.name.startswith(".") and (v / ".deployer-installed").is_file():
                 _run("cp", "-al", v, venvs / v.name)
+        if (seed / ".verify").is_dir():
+            verdicts = mk(DEPLOY_ROOT.lstrip("/") + "/cache/verify")
+            for f in (seed / ".verify").glob("*.json"):
+                shutil.copy2(f, verdicts / f.name)
     for p in opaque:
         os.setxattr(p, "trusted.overlay.opaque", b"y")
     return merged
@@ -565,6 +569,13 @@ def save_seed(h: Host, venv: str, seed: Path) -> bool:
     if dst.exists() or not (src / ".deployer-installed").is_file():
         return False
     seed.mkdir(parents=True, exist_ok=True)
+    # the engine's verdicts that host cached (keyed by everything they depend on: argv, patches, model config,
+    # platform, verifier), so that later hosts do not re-verify the same launch
+    verdicts = h.dir / "upper" / DEPLOY_ROOT.lstrip("/") / "cache" / "verify"
+    if verdicts.is_dir():
+        (seed / ".verify").mkdir(exist_ok=True)
+        for f in verdicts.glob("*.json"):
+            shutil.copy2(f, seed / ".verify" / f.name)
     tmp = seed / f".{dst.name}.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     _run("cp", "-al", src, tmp)

@@ -116,8 +116,8 @@ def test_killed_in_a_stage_then_the_same_up_finishes_the_job(role, args):
 
 def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_job(tmp_path):
     """The other stages, one run each, every rerun killed in the next stage: drafter copy (a new drafter), render
-    (after argv.json, before the manifest), verify (vLLM's own checks running), smoke (the new server up, `current`
-    not moved).  Each rerun takes over the lock the run before it left; the last one finishes.  Guards: nothing
+    (once the release is written, before it is compared with the live one), verify (vLLM's own checks running),
+    smoke (the new server up, `current` not moved).  Each rerun takes over the lock the run before it left; the last one finishes.  Guards: nothing
     a killed run left half-done (staging directory, a release directory without its manifest, an unverified
     launch) is used as it is; the end state is exactly a clean deploy's."""
     import shutil
@@ -128,7 +128,7 @@ def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_jo
     # a new drafter (header-true: the drafter check reads it)
     (src / "model.safetensors").write_bytes(sb.drafter_weights_bytes(sb.drafter_tensors(), 1 << 20))
     args = ["-e", f"deployer_drafter_src_dir={src}", "-e", "deployer_gpu_memory_utilization=0.874"]
-    stages = [("drafter", "Ensure the staging directory exists", None), ("render", "Write the launch argv", None),
+    stages = [("drafter", "Ensure the staging directory exists", None), ("render", "Write the release", None),
               ("verify", "Ship the verifier", "pgrep -f '[v]llm_verify' || true"),     # vLLM's own checks running
               ("smoke", "Ask for one chat completion", None)]
     t0 = time.time()

@@ -356,3 +356,23 @@ def test_an_interrupted_drafter_copy_is_resumed():
     assert sh(H, f"cd {store} && sha256sum --quiet -c .deployer-sha256sums && echo intact") == "intact"
     assert sh(H, f"test -e {staging} && echo left || echo moved") == "moved"
     assert up().returncode == 0
+
+
+def test_if_changed_skips_even_the_full_path_when_live_and_deploys_what_changed():
+    """guards (issue 24, item 2): the no-op shortcut answered before ``deployer_if_changed`` was ever read, so a
+    deployer that ignored --if-changed passed the scheduled test; and the half where something changed and it
+    deploys was never run.  With the shortcut off, --if-changed must still leave a live release alone (no restart,
+    not even the smoke test's request); with a changed setting it deploys."""
+    assert up().returncode == 0
+    cur, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
+    tokens = sh(H, "curl -s localhost:8000/metrics | grep '^vllm:prompt_tokens_total'")
+    r = up("--if-changed", "-e", "deployer_noop_check=false")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert main_pid(H) == pid and sh(H, "readlink /opt/deployer/current") == cur
+    assert sh(H, "curl -s localhost:8000/metrics | grep '^vllm:prompt_tokens_total'") == tokens, "a smoke request ran"
+    assert "smoke" not in stages(r.stderr, H), r.stderr
+    r = up("--if-changed", "-e", "deployer_max_model_len=49152", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sh(H, "readlink /opt/deployer/current") != cur and main_pid(H) != pid
+    assert "49152" in json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"]
+    assert stages(r.stderr, H).get("smoke") in ("ok", "unchanged", "changed"), r.stderr

@@ -40,7 +40,9 @@ def render_plan(tmp_path, plan, **extra):
                  ansible_managed="Managed by deployer; local edits are overwritten.")
     (tmp_path / "vars.json").write_text(json.dumps(vars_))
     pb = [{"hosts": "localhost", "gather_facts": False, "connection": "local", "tasks": [
-        {"ansible.builtin.template": {"src": str(ROOT / f"templates/{t}.j2"), "dest": str(tmp_path / t)}}
+        # as roles/render does: the template lookup on this controller, its text handed to the host's release_render
+        {"ansible.builtin.copy": {"content": "{{ lookup('ansible.builtin.template', '%s') }}" % (ROOT / f"templates/{t}.j2"),
+                                  "dest": str(tmp_path / t)}}
         for t in ("vllm.service", "vllm.env")]}]
     (tmp_path / "pb.yml").write_text(yaml.safe_dump(pb))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LOCALHOST_WARNING="False",

@@ -1,0 +1,53 @@
+# -*- coding: utf-8 -*-
+"""A safetensors shard checked against its own header (8 bytes, then the JSON header; never the tensors): its size
+must be 8 + header length + the end of the last tensor's data_offsets.  A partial download, a shard truncated to 0
+bytes, or a file that is not safetensors at all is found in seconds instead of by the engine after minutes of
+loading (the preflight_facts module; docs/reliability.md).  Standard library only."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+
+def check_shard(path, max_header=100 << 20):
+    """(expected file size or None, why it is bad or None, tensor bytes) for one safetensors file."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return None, "shorter than a safetensors header (8 bytes)", 0
+            (n,) = struct.unpack("<Q", head)
+            if n > max_header or 8 + n > size:
+                return None, "declares a %d-byte header, beyond the file's end (truncated or not safetensors)" % n, 0
+            header = json.loads(f.read(n).decode("utf-8"))
+    except OSError as e:
+        return None, "unreadable: %s" % e, 0
+    except (ValueError, UnicodeDecodeError):
+        return None, "header is not JSON (not a safetensors file)", 0
+    if not isinstance(header, dict):
+        return None, "header is not a JSON object (not a safetensors file)", 0
+    ends = [t.get("data_offsets", [0, 0])[1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    expected = 8 + n + max(ends or [0])
+    if size != expected:
+        return expected, "truncated" if size < expected else "longer than its header declares", 0
+    return expected, None, max(ends or [0])
+
+
+def check_shards(directory, files, max_header=100 << 20):
+    """(bad, checked, tensor_bytes) for the shard names ``files`` under ``directory``: bad is one dict per bad
+    shard (file, measured size in bytes or None, expected size in bytes or None, why)."""
+    bad, total = [], 0
+    names = sorted(set(files))
+    for name in names:
+        path = os.path.join(directory, name)
+        expected, why, tensor_bytes = check_shard(path, max_header)
+        total += tensor_bytes
+        if why:
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = None
+            bad.append(dict(file=name, size=size, expected=expected, why=why))
+    return bad, len(names), total

@@ -1,0 +1,297 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: preflight_facts
+short_description: Everything the preflight reads on a GPU host, in one round trip
+description:
+  - Read-only.  Gathers what the preflight checks judge (roles/preflight/tasks/main.yml), so a deploy pays one
+    round trip for them instead of one per read (issue 24, the fleet lever, 12 reads become 1).  It judges
+    nothing itself; the role's asserts do, with the measured and the expected value.
+  - With I(model_dir) and the rest (the first call), the GPUs nvidia-smi reports, whether the server's unit is
+    active, the model's config.json and shard index, the shard files present, each listed shard against its own
+    safetensors header (when none is missing), who else listens on I(port), the NVIDIA character devices the
+    driver registered, whether I(service_user) exists, and the checkpoint files that user could not read.
+  - With I(stat_paths), I(df_paths) or I(read_files) (the second call, once the plan names its paths), which
+    paths exist, the free space of each path's own filesystem, and small files' text.
+options:
+  model_dir:
+    description: The checkpoint directory; omit it for a call with only I(stat_paths), I(df_paths), I(read_files).
+    type: path
+  port:
+    description: The serving port.
+    type: int
+  service_name:
+    description: The server's systemd unit name (without C(.service)).
+    type: str
+  service_user:
+    description: The service user the server runs as.
+    type: str
+  stat_paths:
+    description: Paths to report the existence of (C(exists)).
+    type: list
+    elements: path
+    default: []
+  df_paths:
+    description: Paths whose filesystem to measure; a missing path is measured at its nearest existing parent.
+    type: list
+    elements: path
+    default: []
+  read_files:
+    description: Small text files to return whole (at most 4 MiB each).
+    type: list
+    elements: path
+    default: []
+attributes:
+  check_mode:
+    support: full
+    description: The same read-only reads.
+  diff_mode:
+    support: none
+    description: Returns no diff.
+author:
+  - deployer maintainers (@deployer)
+"""
+
+EXAMPLES = r"""
+- name: Read the host.
+  preflight_facts:
+    model_dir: /srv/models/Kimi-K2.5
+    port: 8000
+    service_name: deployer-vllm
+    service_user: vllm
+  register: host
+"""
+
+RETURN = r"""
+smi:
+  description: nvidia-smi's answer to the GPU query (rc, stdout, stderr, msg when it could not run).
+  returned: with model_dir
+  type: dict
+service_active:
+  description: C(systemctl is-active) of the unit (active, inactive, failed, ...).
+  returned: with model_dir
+  type: str
+model_config_exists:
+  description: Whether I(model_dir)/config.json exists.
+  returned: with model_dir
+  type: bool
+index_files:
+  description: The shard names C(model.safetensors.index.json)'s weight_map lists (sorted, unique); null when unread.
+  returned: with model_dir
+  type: list
+  elements: str
+index_error:
+  description: Why the shard index could not be read, or an empty string.
+  returned: with model_dir
+  type: str
+shards_present:
+  description: C(*.safetensors) names in I(model_dir) (any file type, hidden names left out).
+  returned: with model_dir
+  type: list
+  elements: str
+shard_check:
+  description: The listed shards against their own headers (bad, checked, tensor_bytes); checked 0 when a shard is missing.
+  returned: with model_dir
+  type: dict
+port_holders:
+  description: C(pid N (comm)) of each process listening on I(port) outside the server's unit.
+  returned: with model_dir
+  type: list
+  elements: str
+nvidia_devices:
+  description: The NVIDIA character device names in /proc/devices (sorted, unique).
+  returned: with model_dir
+  type: list
+  elements: str
+service_user_exists:
+  description: Whether I(service_user) is in the passwd database.
+  returned: with model_dir
+  type: bool
+unreadable:
+  description: Checkpoint entries (C(.) for the directory) the service user could not read.
+  returned: with model_dir
+  type: list
+  elements: str
+exists:
+  description: For each of I(stat_paths), whether it exists.
+  returned: always
+  type: dict
+df:
+  description: For each of I(df_paths), C(device free_kib measured_path) (the df filter's input format).
+  returned: always
+  type: list
+  elements: str
+files:
+  description: For each of I(read_files), its text, or null when it cannot be read.
+  returned: always
+  type: dict
+"""
+
+import fnmatch
+import json
+import os
+import pwd
+import re
+import stat
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.safetensors_header import check_shards
+
+SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap", "--format=csv,noheader"]
+# what the server reads from the checkpoint directory (and the directory itself, '.')
+CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.py", "*.model", "*.tiktoken")
+READABLE_AS_USER = ('for f in . *.json *.safetensors *.py *.model *.tiktoken; do '
+                    '[ -e "$f" ] && { [ -r "$f" ] || echo "$f"; }; done; true')
+
+
+def run(argv, **kw):
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                           timeout=60, **kw)
+    except (OSError, subprocess.SubprocessError) as e:
+        return dict(rc=2, stdout="", stderr="", msg=str(e))
+    return dict(rc=p.returncode, stdout=p.stdout.rstrip("\n"), stderr=p.stderr.rstrip("\n"), msg="")
+
+
+def shard_index(model_dir):
+    path = os.path.join(model_dir, "model.safetensors.index.json")
+    try:
+        with open(path) as f:
+            values = json.load(f)["weight_map"].values()
+        return sorted(set(str(v) for v in values)), ""
+    except OSError as e:
+        return None, "%s: %s" % (path, e.strerror)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return None, "%s: not a shard index (%s)" % (path, e)
+
+
+def shards_present(model_dir):
+    try:
+        names = os.listdir(model_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if not n.startswith(".") and fnmatch.fnmatch(n, "*.safetensors"))
+
+
+def port_holders(port, service_name):
+    """Listeners on the port whose cgroup is not the server's own unit."""
+    out = run(["ss", "-H", "-ltnp", "sport = :%d" % port])["stdout"]
+    holders = []
+    for pid in sorted(set(re.findall(r"pid=(\d+)", out)), key=int):
+        try:
+            with open("/proc/%s/cgroup" % pid) as f:
+                if "/%s.service" % service_name in f.read():
+                    continue
+        except OSError:
+            pass
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                comm = f.read().strip()
+        except OSError:
+            comm = ""
+        holders.append("pid %s (%s)" % (pid, comm))
+    return holders
+
+
+def nvidia_devices():
+    devs, section = set(), False
+    try:
+        with open("/proc/devices") as f:
+            for line in f:
+                if line.startswith("Character devices:"):
+                    section = True
+                    continue
+                if not line.strip():
+                    section = False
+                    continue
+                words = line.split()
+                if section and len(words) >= 2 and words[1].startswith("nvidia"):
+                    devs.add(words[1])
+    except OSError:
+        pass
+    return sorted(devs)
+
+
+def unreadable(model_dir, user, user_exists):
+    """Checkpoint entries the service user could not read: asked as that user when it exists; else (it is made
+    later, with no groups) only what "others" may read counts."""
+    if not os.path.isdir(model_dir):
+        return []
+    if user_exists:
+        r = run(["runuser", "-u", user, "--", "/bin/sh", "-c", READABLE_AS_USER], cwd=model_dir)
+        return [x for x in r["stdout"].splitlines() if x]
+    out = []
+    st = os.stat(model_dir)
+    if not (st.st_mode & stat.S_IROTH and st.st_mode & stat.S_IXOTH):
+        out.append(".")
+    for name in sorted(os.listdir(model_dir)):
+        if any(fnmatch.fnmatch(name, p) for p in CHECKPOINT_PATTERNS):
+            try:
+                if not os.stat(os.path.join(model_dir, name)).st_mode & stat.S_IROTH:
+                    out.append(name)
+            except OSError:
+                out.append(name)
+    return out
+
+
+def free_kib(path):
+    """``device free_kib path`` of the nearest existing parent of ``path`` (what disk_shortfalls reads)."""
+    p = path
+    while not os.path.exists(p) and p not in ("/", ""):
+        p = os.path.dirname(p)
+    st = os.statvfs(p)
+    return "%d %d %s" % (os.stat(p).st_dev, st.f_bavail * st.f_frsize // 1024, p)
+
+
+def read_text(path, limit=4 << 20):
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    return data[:limit].decode("utf-8", "replace") if len(data) <= limit else None
+
+
+def main():
+    m = AnsibleModule(argument_spec=dict(
+        model_dir=dict(type="path"),
+        port=dict(type="int"),
+        service_name=dict(type="str"),
+        service_user=dict(type="str"),
+        stat_paths=dict(type="list", elements="path", default=[]),
+        df_paths=dict(type="list", elements="path", default=[]),
+        read_files=dict(type="list", elements="path", default=[]),
+    ), required_together=[("model_dir", "port", "service_name", "service_user")], supports_check_mode=True)
+    p = m.params
+    res = dict(changed=False, exists=dict((x, os.path.exists(x)) for x in p["stat_paths"]),
+               df=[free_kib(x) for x in p["df_paths"]], files=dict((x, read_text(x)) for x in p["read_files"]))
+    if p["model_dir"]:
+        d = p["model_dir"]
+        listed, index_error = shard_index(d)
+        present = shards_present(d)
+        bad, checked, tensor_bytes = [], 0, 0
+        if listed is not None and not set(listed) - set(present):
+            bad, checked, tensor_bytes = check_shards(d, listed)
+        try:
+            pwd.getpwnam(p["service_user"])
+            user_exists = True
+        except KeyError:
+            user_exists = False
+        res.update(
+            smi=run(SMI_QUERY),
+            service_active=run(["systemctl", "is-active", p["service_name"]])["stdout"].strip(),
+            model_config_exists=os.path.exists(os.path.join(d, "config.json")),
+            index_files=listed, index_error=index_error, shards_present=present,
+            shard_check=dict(bad=bad, checked=checked, tensor_bytes=tensor_bytes),
+            port_holders=port_holders(p["port"], p["service_name"]),
+            nvidia_devices=nvidia_devices(), service_user_exists=user_exists,
+            unreadable=unreadable(d, p["service_user"], user_exists))
+    m.exit_json(**res)
+
+
+if __name__ == "__main__":
+    main()
