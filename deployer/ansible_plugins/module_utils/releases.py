@@ -16,12 +16,7 @@ def read_release(release_dir):
 
 
 def write_json_atomic(path, data):
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.rename(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", 0o644)
 
 
 def order_key(release):
@@ -510,3 +505,20 @@ def host_state(root, service, target=None, want_secrets=False):
                 t["api_key"] = key
         out["target"] = t
     return out
+
+
+def write_atomic(path, data, mode):
+    """``data`` (text or bytes) to ``path`` through a temp file in the same directory and a rename: a reader never
+    sees half a file.  The mode is set before any byte is written (a secret file is never readable by others)."""
+    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(path))
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -89,9 +89,9 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.releases import write_atomic
 
 
 def read(path):
@@ -100,23 +100,6 @@ def read(path):
             return f.read()
     except OSError:
         return None
-
-
-def write_atomic(path, data, mode):
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.chown(tmp, 0, 0)
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def main():

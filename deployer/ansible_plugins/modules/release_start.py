@@ -99,11 +99,10 @@ old_server:
 """
 
 import os
-import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import http_health
+from ansible.module_utils.releases import http_health, write_atomic
 
 
 def read(path):
@@ -112,20 +111,6 @@ def read(path):
             return f.read()
     except OSError:
         return None
-
-
-def write_atomic(path, content, mode):
-    """``content`` to ``path`` through a temp file in the same (root's) directory and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(path))
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def secrets_to_write(m, p):
