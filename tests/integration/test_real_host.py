@@ -247,6 +247,15 @@ def test_06_noop_reads_the_host_once_and_still_proves_the_truth():
     assert r.returncode == 0 and sh(H, f"systemctl is-active {SVC}") == "active", r.stdout + r.stderr
 
 
+def flip_byte(path, offset):
+    """Change one byte of a file on the host in place (size kept) to a value it surely did not have: the sandbox
+    drafter's data is random, so writing a fixed byte left the file as it was once in 256 slots (slot 0's byte 4096
+    was 'X' and stayed so across runs: CI failed on it)."""
+    old = int(sh(H, f"od -An -tu1 -j{offset} -N1 {path}"))
+    sh(H, f"printf '\\{(old ^ 0xFF):03o}' | dd of={path} bs=1 seek={offset} conv=notrunc status=none")
+    assert int(sh(H, f"od -An -tu1 -j{offset} -N1 {path}")) == old ^ 0xFF
+
+
 def test_06b_tampering_on_the_host_is_found_and_repaired_or_refused():
     """Guards (issue #12, tampering and rot): a drafter file changed after shipping is seen by the no-op (size and
     mtime, no hashing) and re-shipped by checksum without a restart; rot that keeps size and mtime is caught by the
@@ -257,7 +266,7 @@ def test_06b_tampering_on_the_host_is_found_and_repaired_or_refused():
     d = json.loads(sh(H, "cat /opt/deployer/current/release.json"))["drafter_dir"]
     f = f"{d}/model.safetensors"
     good = sh(H, f"sha256sum {f}").split()[0]
-    sh(H, f"printf X | dd of={f} bs=1 seek=4096 conv=notrunc status=none")
+    flip_byte(f, 4096)
     r = up("--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert ("the drafter changed on the host after it was shipped: model.safetensors (modified after it was shipped)"
@@ -267,7 +276,9 @@ def test_06b_tampering_on_the_host_is_found_and_repaired_or_refused():
     r = up("--json")
     assert r.returncode == 0 and events(r)[-1]["hosts"][H]["noop_checked"], r.stdout + r.stderr   # a no-op again
     # rot that keeps the size and the mtime: the no-op does not hash (by design); the next real deploy does
-    sh(H, f"cp -p {f} /root/keep && printf Y | dd of={f} bs=1 seek=8 conv=notrunc status=none && touch -r /root/keep {f}")
+    sh(H, f"cp -p {f} /root/keep")
+    flip_byte(f, 8)
+    sh(H, f"touch -r /root/keep {f}")
     r = up("-e", "deployer_gpu_memory_utilization=0.874")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"drafter {d}: model.safetensors differ from the sha256" in flat(r.stderr), r.stderr
