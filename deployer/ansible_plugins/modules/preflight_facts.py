@@ -30,7 +30,7 @@ options:
     description: The service user the server runs as.
     type: str
   stat_paths:
-    description: Paths to report the existence of (C(exists)).
+    description: Paths to report on (C(exists), and C(lstat) for what the install stage may then skip).
     type: list
     elements: path
     default: []
@@ -110,6 +110,10 @@ service_user_exists:
   description: Whether I(service_user) is in the passwd database.
   returned: with model_dir
   type: bool
+service_user_entry:
+  description: The service user's passwd entry (home, shell, gecos), or null when it does not exist.
+  returned: with model_dir
+  type: dict
 unreadable:
   description: Checkpoint entries (C(.) for the directory) the service user could not read.
   returned: with model_dir
@@ -117,6 +121,11 @@ unreadable:
   elements: str
 exists:
   description: For each of I(stat_paths), whether it exists.
+  returned: always
+  type: dict
+lstat:
+  description: For each of I(stat_paths), the path itself (a symlink is not followed) as type (dir, link, file,
+    other), uid, gid and mode (octal string); null when it does not exist.
   returned: always
   type: dict
 df:
@@ -256,6 +265,17 @@ def read_text(path, limit=4 << 20):
     return data[:limit].decode("utf-8", "replace") if len(data) <= limit else None
 
 
+def lstat_of(path):
+    """The path itself, never what a symlink names: type, owner and mode, or None when absent."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    kind = ("dir" if stat.S_ISDIR(st.st_mode) else "link" if stat.S_ISLNK(st.st_mode)
+            else "file" if stat.S_ISREG(st.st_mode) else "other")
+    return dict(type=kind, uid=st.st_uid, gid=st.st_gid, mode="%04o" % stat.S_IMODE(st.st_mode))
+
+
 def main():
     m = AnsibleModule(argument_spec=dict(
         model_dir=dict(type="path"),
@@ -268,6 +288,7 @@ def main():
     ), required_together=[("model_dir", "port", "service_name", "service_user")], supports_check_mode=True)
     p = m.params
     res = dict(changed=False, exists=dict((x, os.path.exists(x)) for x in p["stat_paths"]),
+               lstat=dict((x, lstat_of(x)) for x in p["stat_paths"]),
                df=[free_kib(x) for x in p["df_paths"]], files=dict((x, read_text(x)) for x in p["read_files"]))
     if p["model_dir"]:
         d = p["model_dir"]
@@ -277,10 +298,11 @@ def main():
         if listed is not None and not set(listed) - set(present):
             bad, checked, tensor_bytes = check_shards(d, listed)
         try:
-            pwd.getpwnam(p["service_user"])
-            user_exists = True
+            pw = pwd.getpwnam(p["service_user"])
+            entry = dict(home=pw.pw_dir, shell=pw.pw_shell, gecos=pw.pw_gecos)
         except KeyError:
-            user_exists = False
+            entry = None
+        user_exists = entry is not None
         res.update(
             smi=run(SMI_QUERY),
             service_active=run(["systemctl", "is-active", p["service_name"]])["stdout"].strip(),
@@ -288,7 +310,7 @@ def main():
             index_files=listed, index_error=index_error, shards_present=present,
             shard_check=dict(bad=bad, checked=checked, tensor_bytes=tensor_bytes),
             port_holders=port_holders(p["port"], p["service_name"]),
-            nvidia_devices=nvidia_devices(), service_user_exists=user_exists,
+            nvidia_devices=nvidia_devices(), service_user_exists=user_exists, service_user_entry=entry,
             unreadable=unreadable(d, p["service_user"], user_exists))
     m.exit_json(**res)
 
