@@ -31,10 +31,12 @@ def pytest_configure(config):
 
 # The longest test modules first.  pytest-xdist's loadfile scheduler hands modules to workers in collection order,
 # so a multi-minute module collected last (alphabetically) ran alone at the end of the run; longest-first shortens
-# the whole run.  Rough one-worker minutes from CI's --durations (docs/benchmarks.md); modules not listed follow.
-HEAVY_FIRST = ("test_real_host.py", "test_releases.py", "test_faults_load.py", "test_fleet.py", "test_faults_smoke.py",
-               "test_sandbox.py", "test_many_hosts.py", "test_controller_killed.py", "test_watch.py", "test_become.py",
-               "test_sglang.py", "test_reboot.py", "test_real_venv.py", "test_lint.py")
+# the whole run.  Ordered by each module's summed --durations of the last full run (session 9: 27, 27, 27, 25, 20,
+# 18, 17, 14, 13, 9, 8, 6 min under three workers); modules not listed follow.
+HEAVY_FIRST = ("test_sandbox.py", "test_faults_load.py", "test_real_host.py", "test_releases.py",
+               "test_controller_killed.py", "test_fleet.py", "test_sglang.py", "test_faults_smoke.py",
+               "test_many_hosts.py", "test_watch.py", "test_reboot.py", "test_become.py", "test_real_venv.py",
+               "test_lint.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
