@@ -292,21 +292,19 @@ def test_a_changed_drafter_is_a_new_release_and_is_shipped(tmp_path):
 
 def test_a_drafter_checksum_mismatch_on_the_host_is_refused_before_any_restart():
     """The host checks every drafter file against the controller's sha256; a mismatch ships nothing into the store."""
-    cache = CACHE / "hashes.json"
-    good = cache.read_text()
-    data = json.loads(good)
+    from deployer import drafter
     from deployer.sandbox import hosts as sb
+    data = json.loads(drafter.CACHE.read_text())
     mine = str(sb.STATE / "drafter" / "model.safetensors")      # this sandbox slot's drafter only
-    poisoned = [k for k in data if k.split("|")[0] == mine]
-    assert poisoned, "the drafter's hash is cached by the deploys before this test"
-    for k in poisoned:
-        data[k] = "0" * 64
-    cache.write_text(json.dumps(data))
+    good = {k: v for k, v in data.items() if k.split("|")[0] == mine}
+    assert good, "the drafter's hash is cached by the deploys before this test"
+    # under the cache's own lock, as a deploy writes it: other workers' deploys share the file
+    drafter._merge_into_cache(dict.fromkeys(good, "0" * 64))
     stores, pid = set(sh(H, "ls /opt/deployer/drafters").split()), main_pid(H)
     try:
         r = up()
     finally:
-        cache.write_text(good)
+        drafter._merge_into_cache(good)
     assert r.returncode == 1, r.stdout + r.stderr
     assert stages(r.stderr, H)["drafter"] == "failed" and "model.safetensors: FAILED" in r.stderr
     assert set(sh(H, "ls /opt/deployer/drafters").split()) == stores and main_pid(H) == pid   # nothing in use changed

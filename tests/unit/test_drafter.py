@@ -51,3 +51,25 @@ def test_refusals_say_what_is_wrong(tmp_path):
     (tmp_path / "nocfg").mkdir()
     with pytest.raises(drafter.DrafterError, match="config.json not found"):
         drafter.tree_manifest(str(tmp_path / "nocfg"))
+
+
+def test_a_concurrent_deploys_cache_entries_survive(tmp_path, cache, monkeypatch):
+    """Issue 24 item 7: deploys on one controller (a fleet's parallel runs, the test suite's workers) share the hash
+    cache.  Each used to write back the whole cache it had read before hashing, so an entry another run wrote in
+    the meantime was lost (and an entry poisoned on purpose by a test was undone).  Only this run's new hashes are
+    merged, under a lock, into the file as it is when written."""
+    cache.write_text(json.dumps({"/elsewhere|1|1": "a" * 64}))
+    real = drafter._file_sha256
+
+    def hash_while_another_run_writes(path):
+        data = json.loads(cache.read_text())
+        data["/other-run|2|2"] = "b" * 64             # another deploy finished hashing meanwhile
+        data["/elsewhere|1|1"] = "c" * 64             # and changed an entry (a test poisoning it)
+        cache.write_text(json.dumps(data))
+        return real(path)
+
+    monkeypatch.setattr(drafter, "_file_sha256", hash_while_another_run_writes)
+    m = drafter.tree_manifest(str(make(tmp_path / "d")))
+    data = json.loads(cache.read_text())
+    assert data["/other-run|2|2"] == "b" * 64 and data["/elsewhere|1|1"] == "c" * 64, data
+    assert all(f["sha256"] in data.values() for f in m["files"])
