@@ -30,8 +30,14 @@ def test_speculative_json_is_stable_and_parseable():
     cfg = json.loads(a[a.index("--speculative-config") + 1])
     assert cfg == {"method": "eagle3", "model": "/opt/deployer/drafters/abc", "num_speculative_tokens": 3,
                    "kv_cache_dtype": "auto"}
-    assert a[a.index("--speculative-config") + 1] == build_serve_argv(
-        dict(BASE, speculative=dict(BASE["speculative"], extra={"kv_cache_dtype": "auto"})))[a.index("--speculative-config") + 1]
+    # the exact bytes, compact and keys sorted (issue 24 item 9: this compared the function's output with itself):
+    # equal configs render byte-identical whatever order the operator's extra keys came in, so a re-run renders
+    # the same release id
+    want = ('{"kv_cache_dtype":"auto","method":"eagle3","model":"/opt/deployer/drafters/abc",'
+            '"num_speculative_tokens":3,"quantization":"fp8"}')
+    for extra in ({"quantization": "fp8", "kv_cache_dtype": "auto"}, {"kv_cache_dtype": "auto", "quantization": "fp8"}):
+        b = build_serve_argv(dict(BASE, speculative=dict(BASE["speculative"], extra=extra)))
+        assert b[b.index("--speculative-config") + 1] == want
 
 
 def test_no_speculation():

@@ -11,8 +11,8 @@ description:
     (the rollback target), points C(current) at I(release_dir) (each link replaced by an atomic rename),
     records I(result) and I(facts) in the release's manifest, then keeps the newest I(keep) releases (never
     C(current) or C(previous)) and removes the venvs and drafters no kept release uses.
-  - The same steps as the release_record and release_prune modules plus the two links, in one module, because each
-    task costs a round trip and a rollback should cost little more than its server's load.
+  - The same steps as the release_record module plus the prune (module_utils/releases.py prune) and the two links,
+    in one module, because each task costs a round trip and a rollback should cost little more than its server's load.
 options:
   root:
     description: The deploy root holding C(current), C(previous), C(releases/), C(venvs/), C(drafters/).
