@@ -64,11 +64,6 @@ def log(msg, tp=True, out=None):
     out.flush()
 
 
-def _check(key):
-    """The message exists in this SGLang (the fidelity test asks the same for every key)."""
-    return SRC.find(key)
-
-
 def hook_present(class_name="KimiK25ForConditionalGeneration", method="set_eagle3_layers_to_capture"):
     """Does the installed SGLang's Kimi-K2.5 class define the EAGLE-3 hook (as SGLang's hasattr would find)?"""
     if not SRC.root:
