@@ -1,6 +1,7 @@
 """A fleet behind a real HAProxy (issue #15): three sandbox GPU hosts and a balancer host, a bounded client load
 through the balancer (bench/client_load.py) during rolling deploys.  Zero failed client requests, and no
 request that started while its host was out of the balancer was served by that host."""
+import itertools
 import json
 import subprocess
 import sys
@@ -40,9 +41,11 @@ def current(host):
 
 
 class Recorder:
-    """The balancer's view every 0.3 s while the roll runs (host -> [(t, state)])."""
+    """The balancer's view every 0.3 s while the roll runs (host -> [(t, state)]).  A read that fails is counted
+    and kept (issue 24 item 4: they were swallowed, so a recorder that never read anything passed every check)."""
     def __init__(self):
         self.seen, self.stop, self.t0 = {h: [] for h in GPU}, threading.Event(), time.time()
+        self.errors = []
         self.th = threading.Thread(target=self.run, daemon=True)
 
     def run(self):
@@ -51,15 +54,26 @@ class Recorder:
                 now = time.time() - self.t0
                 for h, (state, _scur) in lb_states().items():
                     self.seen[h].append((now, state))
-            except Exception:
-                pass
+            except Exception as e:                      # kept and asserted on (check), never hidden
+                self.errors.append(repr(e))
             time.sleep(0.3)
 
+    def check(self):
+        """Samples exist for every host, all along (no gap of 5 s or more), and reading them rarely failed."""
+        for h in GPU:
+            ts = [t for t, _s in self.seen[h]]
+            assert len(ts) >= 20, (h, len(ts), self.errors[-3:])
+            gaps = [b - a for a, b in itertools.pairwise(ts)]
+            assert max(gaps) < 5.0, (h, max(gaps))
+        assert len(self.errors) <= max(3, sum(len(v) for v in self.seen.values()) // 50), self.errors[-3:]
+
     def out_of_service(self, host, t, margin=1.0):
-        """Was ``host`` drained/down at ``t`` (and on both sides of it, ``margin`` seconds apart)?"""
+        """Was ``host`` drained/down at ``t`` (and on both sides of it, ``margin`` seconds apart)?  A time before
+        the first sample cannot be judged: an error, never "ready" by default."""
         def at(x):
             prior = [s for (tt, s) in self.seen[host] if tt <= x]
-            return prior[-1] if prior else "ready"
+            assert prior, f"no balancer sample of {host} before t={x:.1f} s"
+            return prior[-1]
         return all(at(x) != "ready" for x in (t - margin, t, t + margin))
 
 
@@ -86,6 +100,7 @@ def roll(*args):
 
 
 def check_clients(records, summary, rec):
+    rec.check()
     assert summary["summary"] and summary["requests"] >= 20, summary
     failed = [x for x in records if x["status"] != 200 or x["error"]]
     assert summary["failures"] == 0 and not failed, failed[:5]
@@ -129,6 +144,12 @@ def test_a_failed_host_stops_the_roll_is_rolled_back_and_re_enabled_with_no_clie
     assert after["sbx2"] == before["sbx2"]          # sbx2 failed and runs its last live release again,
     assert after["sbx3"] == before["sbx3"]          # and the roll stopped before sbx3
     check_clients(records, summary, rec)
+    # the balancer saw each of the two hosts the roll reached leave it (drained before its restart) and come back;
+    # sbx3, never reached, never left it
+    for h in ("sbx1", "sbx2"):
+        states = [s for _t, s in rec.seen[h]]
+        assert "drain" in states and states[-1] == "ready", (h, states[-5:])
+    assert {s for _t, s in rec.seen["sbx3"]} == {"ready"}, rec.seen["sbx3"][-5:]
     assert lb_states() == {h: ["ready", 0] for h in GPU}   # the failed host serves again, re-enabled
 
 
