@@ -159,6 +159,8 @@ def vllm_row(version: str) -> dict:
     row["model_runner_v2_default"] = ({'"1"': "on", '"0"': "off", "None": "auto"}.get(m.group(1), m.group(1))
                                       if m else "-")
     row["disable_log_requests_flag"] = "disable-log-requests" in allsrc or "disable_log_requests" in allsrc
+    from deployer.source_check import missing_imports
+    row["verifier_missing"] = missing_imports((ROOT / "roles/verify/files/vllm_verify.py").read_text(), "vllm", py.get)
     return row
 
 
@@ -200,24 +202,33 @@ def table(rows: list[dict], commit: str) -> str:
            "check** whether its speculative config still refuses a non-DeepSeek/Llama EAGLE-3 target before the load "
            "(when not, the deployer's own pre-load checks are the only early ones); **aux ids** where it reads a "
            "drafter's aux layer ids and **drafter fc** how it sizes the drafter's fc (both: the drafter check, "
-           "`deployer/engines/vllm.py`); **MRv2** Model Runner V2's default (`VLLM_USE_V2_MODEL_RUNNER`); **torch** its pin (the lent GPU machine has torch 2.11).\n",
+           "`deployer/engines/vllm.py`); **MRv2** Model Runner V2's default (`VLLM_USE_V2_MODEL_RUNNER`); **verifier** "
+           "whether every name the deployer's verify script imports from vLLM exists in that release "
+           "(`deployer/source_check.py`; a missing one fails the verify stage: until 2026-12-01 the verifier took "
+           "`validate_parsed_serve_args` from `entrypoints/openai/cli_args.py`, which 0.29-0.33 do not have); "
+           "**torch** its pin (the lent GPU "
+           "machine has torch 2.11).\n",
            "Not run per release (each needs ~11 GB installed): the engine's own checks on the rendered argv, the "
            "stand-in reading that release's lines, the watcher and the smoke. CI runs them on vLLM 0.16.0 and 0.18.0 "
-           "and SGLang 0.5.23; vLLM 0.20.0 ran on a real GPU (docs/real-engine.md).\n",
+           "and SGLang 0.5.23 (and the stand-in's lines and the verifier's imports on 0.33.0); vLLM 0.20.0 ran on a "
+           "real GPU (docs/real-engine.md); vLLM 0.33.0, the newest, was deployed in the sandbox by hand on 2026-12-01 "
+           "(`deployer up --sandbox -e deployer_vllm_version=0.33.0`: its own checks passed, it loaded, served and "
+           "was released, once the verifier and the stand-in followed its moved and merged lines).\n",
            "## vLLM\n",
            "| vLLM | patch | wordings the watcher matches | load | spec keys | EAGLE-3 target check | aux ids | "
-           "drafter fc | MRv2 | --disable-log-requests | torch |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "drafter fc | MRv2 | --disable-log-requests | verifier | torch |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["engine"] != "vLLM":
             continue
         if r.get("error"):
-            out.append(f"| {r['version']} | {' '.join(r['error'].split())[-160:]} | | | | | | | | | |")
+            out.append(f"| {r['version']} | {' '.join(r['error'].split())[-160:]} | | | | | | | | | | |")
             continue
         out.append(f"| {r['version']} | {r['patch']} | {', '.join(r['wordings'])} | {'/'.join(r['load_strategies'])} "
                    f"| {', '.join(r['spec_keys']) or '-'} | {'yes' if r['eagle3_target_check'] else 'no'} | "
                    f"{r['aux_ids']} | {r['fc_sizing']} | {r['model_runner_v2_default']} | "
-                   f"{'present' if r['disable_log_requests_flag'] else 'removed'} | {r['torch']} |")
+                   f"{'present' if r['disable_log_requests_flag'] else 'removed'} | "
+                   f"{('lacks ' + ', '.join(r['verifier_missing'])) if r['verifier_missing'] else 'ok'} | {r['torch']} |")
     out += ["", "## SGLang\n", "| SGLang | capability probe (Kimi-K2.5 + EAGLE-3, Llama drafter) | aux ids | torch |",
             "|---|---|---|---|"]
     for r in rows:

@@ -83,13 +83,13 @@ prepare_plain_ansible() {
 }
 
 case "${1:-}" in
-  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_sglang 0.5.23; prepare_plain_ansible ;;
+  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible ;;
   demo)
     apt_deps; py_deps; prepare_vllm 0.16.0
     "$VENV/bin/deployer" sandbox start
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
-    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_sglang 0.5.23; prepare_plain_ansible
+    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible
     # three workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py); most of a
     # sandbox test waits on loads and SSH, so three fit two cores; --durations says where the time goes
     exec "$VENV/bin/python" -m pytest -q -ra --durations=25 -n "${DEPLOYER_TEST_WORKERS:-3}" --dist loadfile "${@:2}" ;;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print the stand-in fidelity table (docs/standin-fidelity.md) from the prepared vLLM venvs.
 
-    .venv/bin/python scripts/fidelity_table.py 0.16.0 0.18.0
+    .venv/bin/python scripts/fidelity_table.py 0.16.0 0.18.0 0.33.0
 """
 import sys
 from pathlib import Path
@@ -14,7 +14,7 @@ RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (p
         "model_took": "model_took", "cache_dir": "compile (phase)", "dynamo": "compile (phase)",
         "compile_miss": "compile_miss (fact compile_cache)", "compile_hit": "compile_hit (fact compile_cache)",
         "compile_total": "compile (fact compile_seconds)", "kv_mem": "kv (phase)", "kv_size": "kv (fact kv_cache_tokens)",
-        "max_conc": "-", "graphs_desc": "graphs (progress)", "graphs_done": "graphs_done", "engine": "engine (phase api)",
+        "max_conc": "max_concurrency (phase end); 0.33: kv too", "graphs_desc": "graphs (progress)", "graphs_done": "graphs_done", "engine": "engine (phase api)",
         "engine_failed": "FATAL engine_dead (generic)", "init_failed": "FATAL engine_dead (generic)",
         "worker_died": "FATAL engine_dead (generic; status: last fatal)",
         "core_died": "FATAL engine_dead (generic; status: last fatal)",
@@ -30,12 +30,14 @@ def main(versions):
     print("| line | vLLM file | " + " | ".join(f"{v}: line, text" for v in versions) + " | parser rule |")
     print("|---|---|" + "---|" * len(versions) + "---|")
     for key, (rel, _a) in standin.MESSAGES.items():
+        rel = " or ".join(f"vllm/{r}" for r in ((rel,) if isinstance(rel, str) else rel))
         cells = []
         for s in srcs:
-            text, _f, line = s.find(key)
-            cells.append(f"{line}: `{text.strip()!r}`".replace("|", "\\|"))
-        print(f"| {key} | `vllm/{rel}` | " + " | ".join(cells) + f" | {RULE.get(key, '-')} |")
+            text, f, line = s.find(key)
+            cells.append((f"{f}:{line}: `{text.strip()!r}`" if line else f"- (gone: {standin.GONE.get(key, '?')})")
+                         .replace("|", "\\|"))
+        print(f"| {key} | `{rel}` | " + " | ".join(cells) + f" | {RULE.get(key, '-')} |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["0.16.0", "0.18.0"])
+    main(sys.argv[1:] or ["0.16.0", "0.18.0", "0.33.0"])

@@ -77,14 +77,23 @@ MESSAGES = {
     "max_conc": ("v1/core/kv_cache_utils.py", ("Maximum concurrency for",)),
     "graphs_desc": ("v1/worker/gpu_model_runner.py", ("Capturing CUDA graphs (",)),
     "graphs_done": ("v1/worker/gpu_model_runner.py", ("Graph capturing finished in",)),
-    "engine": ("v1/engine/core.py", ("init engine (profile",)),
+    # 0.20+: "... took %.2f s (compilation: %.2f s)"; 0.33 puts a variant for models with a compiled encoder first
+    "engine": ("v1/engine/core.py", ("%.2f s (compilation: %.2f s)", "init engine (profile")),
     "engine_failed": ("v1/engine/core.py", ("EngineCore failed to start",)),
     "init_failed": ("v1/engine/utils.py", ("Engine core initialization failed",)),
-    "worker_died": ("v1/executor/multiproc_executor.py", ("died unexpectedly, shutting down executor",)),
+    "worker_died": ("v1/executor/multiproc_executor.py", ("died unexpectedly, shutting down executor",
+                                                          "died unexpectedly (exit code: ")),
     "core_died": ("v1/engine/core_client.py", ("died unexpectedly, shutting down client",)),
-    "api": ("entrypoints/openai/api_server.py", ("Starting vLLM API server", "Starting vLLM server on")),
+    "api": (("entrypoints/openai/api_server.py", "entrypoints/launchers/api_server/entry.py"),   # moved in 0.33
+            ("Starting vLLM API server", "Starting vLLM server on")),
     "bar_format": ("model_executor/model_loader/weight_utils.py", ("% Completed |",)),
     "shards_desc": ("model_executor/model_loader/weight_utils.py", ("Loading safetensors checkpoint shards",)),
+}
+# Messages a newer vLLM no longer prints on their own, and what says it instead (the fidelity test allows only
+# these to be missing from an installed source).
+GONE = {
+    "kv_size": "0.33: one line with max_conc, '%s KV cache size: %s tokens, Maximum concurrency for ...'",
+    "core_died": "0.33: the client raises 'Engine core process ... died unexpectedly.' instead (v1/utils.py)",
 }
 # Only when no vLLM is importable (the stand-in run by hand): vLLM 0.16.0's text.
 FALLBACK = {
@@ -124,42 +133,62 @@ class VllmSource(object):
         self.messages, self.fallback = messages or MESSAGES, fallback or FALLBACK
         self.cache = {}
 
+    def _constants(self, rel):
+        """(text, line of the call that holds it) of every string constant in vllm/<rel>."""
+        try:
+            with open(os.path.join(self.root, rel)) as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError):
+            return []
+        parents = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                parents[child] = node
+        out = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                up = parents.get(node)
+                while up is not None and not isinstance(up, ast.Call) and not isinstance(up, ast.stmt):
+                    up = parents.get(up)
+                out.append((node.value, up.lineno if isinstance(up, ast.Call) else node.lineno))
+        return out
+
     def find(self, key):
-        """(text, 'file.py', line) for a MESSAGES key; vLLM 0.16.0's text when no vLLM is installed."""
+        """(text, 'file.py', line) for a MESSAGES key: the anchors in their order, each tried in every file named
+        (a message that moved between releases), the first line holding it; vLLM 0.16.0's text with line 0 when
+        no vLLM is installed, or when this one has no such message (``has``)."""
         if key in self.cache:
             return self.cache[key]
-        rel, anchors = self.messages[key]
+        rels, anchors = self.messages[key]
+        rels = (rels,) if isinstance(rels, str) else tuple(rels)
         found = None
         if self.root:
-            path = os.path.join(self.root, rel)
-            try:
-                with open(path) as f:
-                    tree = ast.parse(f.read())
-            except (OSError, SyntaxError):
-                tree = None
-            parents = {}
-            for node in ast.walk(tree) if tree else ():
-                for child in ast.iter_child_nodes(node):
-                    parents[child] = node
-            for node in ast.walk(tree) if tree else ():
-                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                        and any(a in node.value for a in anchors):
-                    up = parents.get(node)
-                    while up is not None and not isinstance(up, ast.Call) and not isinstance(up, ast.stmt):
-                        up = parents.get(up)
-                    line = up.lineno if isinstance(up, ast.Call) else node.lineno
-                    if found is None or line < found[2]:
-                        found = (node.value, os.path.basename(rel), line)
+            consts = [(rel, self._constants(rel)) for rel in rels]
+            for a in anchors:
+                hits = [(line, text, rel) for rel, cs in consts for text, line in cs if a in text]
+                if hits:
+                    line, text, rel = min(hits)
+                    found = (text, os.path.basename(rel), line)
+                    break
         if found is None:
-            found = (self.fallback[key], os.path.basename(rel), 0)
+            found = (self.fallback[key], os.path.basename(rels[0]), 0)
         self.cache[key] = found
         return found
 
-    def text(self, key, *args):
+    def has(self, key):
+        """Does this vLLM print that message (always, when no vLLM is installed)?"""
+        return not self.root or self.find(key)[2] > 0
+
+    def text(self, key, *args, tag="backbone"):
         fmt = self.find(key)[0]
         n = len(_PLACEHOLDER.findall(fmt))
         if key == "api" and n == 1:      # 0.18+: "Starting vLLM server on %s" (no server index)
             args = args[1:]
+        if fmt.startswith("%s") and n == len(args) + 1:
+            # 0.33+: compile messages lead with the backend's log prefix, "[backbone] " for the target model
+            # (VllmBackend._log_prefix: "[<prefix or model_tag>] ", compilation/backends.py); "[eagle_head] " for
+            # the drafter's pass
+            args = ("[%s] " % tag,) + tuple(args)
         return fmt % args[:n] if n else fmt
 
 
@@ -615,8 +644,13 @@ def main(argv):
     time.sleep(ps["kv_cache"])
     log("kv_mem", "11.42")
     stall("kv_cache")
-    log("kv_size", "418,016", who="EngineCore_DP0")
-    log("max_conc", "131,072", 3.19, who="EngineCore_DP0")
+    if "KV cache size" in SRC.find("max_conc")[0]:
+        # 0.33+: one line for both, "GPU KV cache size: N tokens, Maximum concurrency for ..."
+        # (kv_cache_utils.update_kv_cache_capacity)
+        log("max_conc", "GPU", "418,016", "131,072", 3.19, who="EngineCore_DP0")
+    else:
+        log("kv_size", "418,016", who="EngineCore_DP0")
+        log("max_conc", "131,072", 3.19, who="EngineCore_DP0")
     phase("graphs")
     graphs = SRC.find("graphs_desc")[0]
     if k.get("stall_phase") == "graphs":
@@ -625,7 +659,7 @@ def main(argv):
     bar(graphs.format("mixed prefill-decode", "PIECEWISE"), 33, ps["graphs"] / 2)
     bar(graphs.format("decode", "FULL"), 19, ps["graphs"] / 2)
     log("graphs_done", max(1, int(ps["graphs"])), 2.39)
-    log("engine", time.time() - t0, who="EngineCore_DP0")
+    log("engine", time.time() - t0, ps["compile"], who="EngineCore_DP0")   # 0.20+: and the compile seconds
     phase("api")
     time.sleep(ps["api"])
     host = args.host or "0.0.0.0"
@@ -643,8 +677,9 @@ def main(argv):
     mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
         def die_while_serving():   # a worker dies while serving (an Xid, a segfault): vLLM's two monitor lines, then the exit
-            log("worker_died", "VllmWorker-3", who="EngineCore_DP0", level="ERROR")
-            log("core_died", "EngineCore_DP0", who="APIServer", level="ERROR")
+            log("worker_died", "VllmWorker-3", -9, who="EngineCore_DP0", level="ERROR")   # 0.33+: and its exit code
+            if SRC.has("core_died"):
+                log("core_died", "EngineCore_DP0", who="APIServer", level="ERROR")
             os._exit(1)
         threading.Timer(float(k["crash_after_ready_seconds"]), die_while_serving).start()
     if k.get("unhealthy_after_ready_seconds") is not None:

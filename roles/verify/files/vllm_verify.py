@@ -120,7 +120,9 @@ def main():
         return parser.parse_args(words)
 
     def parse():
-        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+        # the function `vllm serve` itself calls, from the module that defines the subcommand: vLLM moved it
+        # (entrypoints/openai/cli_args.py up to 0.28; launchers/cli_args.py in 0.29, common/cli_args.py in 0.33)
+        from vllm.entrypoints.cli.serve import validate_parsed_serve_args
         ns = parse_with_vllm(list(serve_argv))
         validate_parsed_serve_args(ns)
         if getattr(ns, "model_tag", None):
