@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deployer.output import STAGES
-from helpers import ROOT
+from helpers import ROOT, STRICT
 
 SVC = "deployer-vllm"
 
@@ -27,7 +27,7 @@ def auth():
     from deployer.sandbox import hosts as sb
     return "-H " + shlex.quote("Authorization: Bearer " + sb.api_key())
 
-needs_sandbox = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("systemd-nspawn"),
+needs_sandbox = pytest.mark.skipif(not STRICT and (os.geteuid() != 0 or not shutil.which("systemd-nspawn")),
                                    reason="sandbox tests need root and systemd-nspawn (scripts/dev.sh installs it)")
 
 

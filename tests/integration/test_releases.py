@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import CACHE
+from helpers import CACHE, need
 from sandbox_helpers import FAST, ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
@@ -315,8 +315,7 @@ def test_schedule_through_a_real_systemd_timer():
     """A controller with systemd gets a timer; its service runs `deployer schedule run` (here: outside the window,
     so it only logs).  Run on a sandbox host, which boots systemd (the build machine does not)."""
     deployer_bin = ROOT / ".venv" / "bin" / "deployer"
-    if not deployer_bin.exists():
-        pytest.skip("needs the project's .venv (scripts/dev.sh)")
+    need(deployer_bin.exists(), "needs the project's .venv (scripts/dev.sh)")
     now = time.localtime()
     window = f"{(now.tm_hour + 2) % 24:02d}:00-{(now.tm_hour + 3) % 24:02d}:00"
     out = sh(H, f"{deployer_bin} schedule add --host 192.0.2.7 --at 'Mon,Thu 02:30' --window {window}")

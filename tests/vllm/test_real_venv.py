@@ -7,7 +7,7 @@ import pytest
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
 from deployer.sandbox.hosts import write_drafter_dir, write_model_dir
 from deployer.serve import build_serve_argv
-from helpers import CACHE, ROOT
+from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm
 VENV = CACHE / "venvs" / "vllm-0.16.0"
@@ -15,8 +15,7 @@ VENV = CACHE / "venvs" / "vllm-0.16.0"
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    if not (VENV / ".deployer-installed").exists():
-        pytest.skip("prepared vLLM 0.16.0 venv missing (scripts/dev.sh prepares it)")
+    need((VENV / ".deployer-installed").exists(), "prepared vLLM 0.16.0 venv missing (scripts/dev.sh prepares it)")
     d = tmp_path_factory.mktemp("venv") / "vllm-0.16.0"
     # hard-link clone: the patch engine replaces files by rename, so the cache is never written through
     subprocess.run(["cp", "-al", str(VENV), str(d)], check=True)

@@ -12,7 +12,7 @@ from deployer.ansible_plugins.module_utils import sglang_source
 from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
 from deployer.sandbox import sglang_standin
 from deployer.sandbox.hosts import write_model_dir
-from helpers import CACHE, ROOT
+from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm
 VERSION = "0.5.23"
@@ -20,8 +20,7 @@ VERSION = "0.5.23"
 
 def venv():
     d = CACHE / "venvs" / f"sglang-{VERSION}"
-    if not (d / ".deployer-installed").exists():
-        pytest.skip(f"prepared SGLang {VERSION} venv missing (scripts/dev.sh prepares it)")
+    need((d / ".deployer-installed").exists(), f"prepared SGLang {VERSION} venv missing (scripts/dev.sh prepares it)")
     return d
 
 

@@ -13,7 +13,7 @@ import pytest
 from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
 from deployer.sandbox import standin
 from deployer.sandbox.hosts import write_model_dir
-from helpers import CACHE, ROOT
+from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm
 VERSIONS = ("0.16.0", "0.18.0", "0.33.0")
@@ -21,8 +21,7 @@ VERSIONS = ("0.16.0", "0.18.0", "0.33.0")
 
 def venv(version):
     d = CACHE / "venvs" / f"vllm-{version}"
-    if not (d / ".deployer-installed").exists():
-        pytest.skip(f"prepared vLLM {version} venv missing (scripts/dev.sh prepares it)")
+    need((d / ".deployer-installed").exists(), f"prepared vLLM {version} venv missing (scripts/dev.sh prepares it)")
     return d
 
 
