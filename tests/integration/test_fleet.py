@@ -45,7 +45,7 @@ class Recorder:
     and kept (issue 24 item 4: they were swallowed, so a recorder that never read anything passed every check)."""
     def __init__(self):
         self.seen, self.stop, self.t0 = {h: [] for h in GPU}, threading.Event(), time.time()
-        self.errors = []
+        self.errors, self.roll_started = [], None
         self.th = threading.Thread(target=self.run, daemon=True)
 
     def run(self):
@@ -63,16 +63,20 @@ class Recorder:
         for h in GPU:
             ts = [t for t, _s in self.seen[h]]
             assert len(ts) >= 20, (h, len(ts), self.errors[-3:])
+            assert ts[0] < self.roll_started, (h, ts[0], self.roll_started)   # seen before the roll began
             gaps = [b - a for a, b in itertools.pairwise(ts)]
             assert max(gaps) < 5.0, (h, max(gaps))
         assert len(self.errors) <= max(3, sum(len(v) for v in self.seen.values()) // 50), self.errors[-3:]
 
     def out_of_service(self, host, t, margin=1.0):
-        """Was ``host`` drained/down at ``t`` (and on both sides of it, ``margin`` seconds apart)?  A time before
-        the first sample cannot be judged: an error, never "ready" by default."""
+        """Was ``host`` drained/down at ``t`` (and on both sides of it, ``margin`` seconds apart)?  Before the
+        first sample every host is ready (the fixture's state; check() asserts the first sample came before the
+        roll began); after it, the last sample says."""
         def at(x):
             prior = [s for (tt, s) in self.seen[host] if tt <= x]
-            assert prior, f"no balancer sample of {host} before t={x:.1f} s"
+            if not prior:
+                assert x < self.roll_started, f"no balancer sample of {host} before t={x:.1f} s, inside the roll"
+                return "ready"
             return prior[-1]
         return all(at(x) != "ready" for x in (t - margin, t, t + margin))
 
@@ -89,6 +93,7 @@ def roll(*args):
                               stdout=subprocess.PIPE, text=True)
     rec.th.start()
     time.sleep(3)                                    # the load runs before the roll starts ...
+    rec.roll_started = time.time() - rec.t0
     r = deployer("up", "--sandbox", "--serial", "1", *FAST, *args)
     time.sleep(3)                                    # ... and after it ends
     stop.touch()
