@@ -131,10 +131,14 @@ class VllmSource(object):
             spec = None
         self.root = os.path.dirname(spec.origin) if spec and spec.origin else None
         self.messages, self.fallback = messages or MESSAGES, fallback or FALLBACK
-        self.cache = {}
+        self.cache, self.parsed = {}, {}
 
     def _constants(self, rel):
-        """(text, line of the call that holds it) of every string constant in vllm/<rel>."""
+        """(text, line of the call that holds it) of every string constant in vllm/<rel>; each file is parsed
+        once per start (several messages live in gpu_model_runner.py, ~6,000 lines)."""
+        if rel in self.parsed:
+            return self.parsed[rel]
+        self.parsed[rel] = []
         try:
             with open(os.path.join(self.root, rel)) as f:
                 tree = ast.parse(f.read())
@@ -151,6 +155,7 @@ class VllmSource(object):
                 while up is not None and not isinstance(up, ast.Call) and not isinstance(up, ast.stmt):
                     up = parents.get(up)
                 out.append((node.value, up.lineno if isinstance(up, ast.Call) else node.lineno))
+        self.parsed[rel] = out
         return out
 
     def find(self, key):
@@ -179,16 +184,16 @@ class VllmSource(object):
         """Does this vLLM print that message (always, when no vLLM is installed)?"""
         return not self.root or self.find(key)[2] > 0
 
-    def text(self, key, *args, tag="backbone"):
+    def text(self, key, *args):
         fmt = self.find(key)[0]
         n = len(_PLACEHOLDER.findall(fmt))
         if key == "api" and n == 1:      # 0.18+: "Starting vLLM server on %s" (no server index)
             args = args[1:]
         if fmt.startswith("%s") and n == len(args) + 1:
             # 0.33+: compile messages lead with the backend's log prefix, "[backbone] " for the target model
-            # (VllmBackend._log_prefix: "[<prefix or model_tag>] ", compilation/backends.py); "[eagle_head] " for
-            # the drafter's pass
-            args = ("[%s] " % tag,) + tuple(args)
+            # (VllmBackend._log_prefix: "[<prefix or model_tag>] ", compilation/backends.py); the stand-in
+            # compiles only the target
+            args = ("[backbone] ",) + tuple(args)
         return fmt % args[:n] if n else fmt
 
 
