@@ -68,8 +68,11 @@ def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
 def test_live_shard_and_graph_progress_through_real_journald(sandbox):
     """vLLM's shard bar (a newline after every redraw) reaches the watch live through journald; so do its
     CUDA-graph bars, which redraw with \r only: the unit runs the engine under journal_lines.py, which makes each
-    redraw a journal line (without it the graph phase showed no percentage until the bar closed)."""
-    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8, "graphs": 6}})
+    redraw a journal line (without it the graph phase showed no percentage until the bar closed).
+    The watch samples (one SSH round trip each, ~3 s on a loaded CI machine: a 6 s graph phase gave two
+    samples there), so the phases last long enough for >= 3 samples and the graph check asks for two distinct
+    values inside the bar, which a bar seen only when it closed cannot give."""
+    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8, "graphs": 10}})
     try:
         r = up("-e", "deployer_max_model_len=16384", "--json", *FAST)
     finally:
@@ -81,7 +84,7 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox):
     assert len([p for p in pcts if 0 < p < 100]) >= 3, pcts
     graphs = sorted({e["percent"] for e in events if e["event"] == "phase" and e["phase"] == "graphs"
                      and e["percent"] is not None})
-    assert len([p for p in graphs if 0 < p < 100]) >= 3, graphs
+    assert len([p for p in graphs if 0 < p < 100]) >= 2, graphs
     # every redraw is its own journal entry, as vLLM's _BAR_FORMAT makes it
     n = int(sh(H, "journalctl -u deployer-vllm --no-pager -o cat --all | grep -c 'Loading safetensors checkpoint "
                   "shards: .* Completed | [0-9]*/64' || true"))
