@@ -29,6 +29,7 @@ probe_url           ``http://<probe_host>:<port>`` (IPv6 in brackets): health, w
 served_model_name   the ``model`` clients send
 model_dir           checkpoint directory on the host
 speculative         EAGLE-3 on or off
+draft_tokens_per_step  the drafts one verify step proposes (0 without EAGLE-3): the smoke's acceptance rate
 drafter             None, or {src, files, tree_sha256, bytes, store_dir, dir, staging_dir}: the controller's
                     manifest and the content-addressed place on the host
 argv                the full ``vllm serve`` argv, launcher first (built by deployer.serve, nowhere else)
@@ -229,6 +230,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "api_protected": api_protected,
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
+        "draft_tokens_per_step": eng.draft_tokens_per_step(s) if speculative else 0,
         "restart_delay_seconds": restart_delay, "dirs": dirs,
         "secrets": live_secrets(dirs, service),
         "release_inputs": {"argv": argv, "engine": backend, "version": version,

@@ -37,6 +37,7 @@ class Engine:
     log_rules = ""             # vllm_logs.RULESETS key: the load phases as this engine logs them
     drafts_metric = ""         # the /metrics counter of EAGLE-3 drafts (the smoke test's proof it is on)
     unit_marker = ""           # a word only this engine's ExecStart has (to tell which engine a unit starts)
+    health_timeout_seconds = 2.0   # how long one GET /health may take before the watch counts it unanswered
 
     # -- what the plan asks
     def version(self, s: dict) -> str:
@@ -65,6 +66,10 @@ class Engine:
         """What in the launch cannot run on these GPUs (compute capability 12.x: RTX PRO 6000 Blackwell)."""
         return []
 
+    def draft_tokens_per_step(self, s: dict) -> int:
+        """The drafts one verify step proposes (the smoke test's acceptance rate is accepted / proposed)."""
+        return int(s.get("num_speculative_tokens", 3))
+
     def aux_layers(self, drafter_cfg: dict, num_layers: int, version: str = "") -> tuple[list[int], str]:
         """The target layers this release captures for an EAGLE-3 drafter, and where it took them from."""
         return [2, num_layers // 2, num_layers - 3], "the target's default (2, L//2, L-3)"
@@ -82,7 +87,8 @@ class Engine:
         """What ``plan["engine"]`` holds (JSON): what the roles read."""
         return {"name": self.name, "label": self.label, "package": self.package, "version": version,
                 "patchable": self.patchable, "capability_probe": self.capability_probe, "verifier": self.verifier,
-                "log_rules": self.log_rules, "drafts_metric": self.drafts_metric}
+                "log_rules": self.log_rules, "drafts_metric": self.drafts_metric,
+                "health_timeout_seconds": self.health_timeout_seconds}
 
 
 REGISTRY: dict[str, Engine] = {}

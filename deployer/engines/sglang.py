@@ -15,6 +15,9 @@ class SGLang(Engine):
     log_rules = "sglang"
     drafts_metric = "sglang:spec_verify_calls_total"
     unit_marker = "--model-path"
+    # once started, SGLang's /health runs a one-token generation and answers when the scheduler does: after at
+    # least 1 s, at most SGLANG_HEALTH_CHECK_TIMEOUT (20 s) later with 503 (srt/entrypoints/http_server.py)
+    health_timeout_seconds = 22.0
 
     def version(self, s):
         version = str(s.get("sglang_version") or "")
@@ -45,6 +48,11 @@ class SGLang(Engine):
             "secrets_file": (f"{serve_sglang.CREDENTIALS_TOKEN}/{serve_sglang.SECRETS_FILE}" if credentials else ""),
             "extra_args": s.get("sglang_extra_args") or [],
         })
+
+    def draft_tokens_per_step(self, s):
+        # SGLang verifies speculative_num_draft_tokens per step, the first of them the last accepted token
+        # (tokenizer_manager.py: proposed = verify steps x (num_draft_tokens - 1)); serve_sglang's default
+        return int(s.get("sglang_num_draft_tokens") or int(s.get("num_speculative_tokens", 3)) + 1) - 1
 
     def env(self, s, server_cache):
         # FlashInfer's JIT and kernel caches (flashinfer-cubin pre-staged by the install stage: nothing is

@@ -3,20 +3,28 @@
 
 What a deployer can see of SGLang, taken from the SGLang installed in this venv where it can be
 (docs/backends.md lists each line and its file):
-  * log lines in SGLang's format (``[YYYY-MM-DD HH:MM:SS TP0] message``, no file:line), each message located
-    in the installed source by ``ast`` (standin.VllmSource with this module's MESSAGES: the constant parts of
-    SGLang's f-strings), in SGLang's order: target weights ("Load weight begin/end", the shard bar with SGLang's
-    ``BAR_FORMAT``: ``\\r`` redraws only, so journald sees the bar once, at its end), the EAGLE-3 hook check
-    (``configure_aux_hidden_state_capture``: SGLang's own ValueError when KimiK25ForConditionalGeneration lacks
-    ``set_eagle3_layers_to_capture``, read from the installed source), KV cache, target CUDA graphs, the drafter's
-    weights and graphs, uvicorn, warm-up, "The server is fired up and ready to roll!";
-  * nothing listens until the weights, KV cache and graphs are done; then /health answers 503 until the
-    warm-up is over, like SGLang's (a 1-token generation when ready);
+  * log lines in SGLang's format (``[YYYY-MM-DD HH:MM:SS TP3] message``: a ``TPn`` per rank when --tp-size > 1,
+    no file:line), each message located in the installed source by ``ast`` (standin.VllmSource with this module's
+    MESSAGES: the constant parts of SGLang's f-strings), in the order of SGLang 0.5.23's own start-up
+    (``managers/scheduler.py``, ``init_model_worker``): target weights ("Load weight begin/end" on every rank, the
+    shard bar with SGLang's ``BAR_FORMAT``: ``\\r`` redraws only), the drafter's weights (every rank again), the KV
+    pools (the target's, then the drafter's: two "KV Cache is allocated" lines per rank), the attention backends,
+    where the EAGLE-3 hook is checked (``configure_aux_hidden_state_capture``: SGLang's own ValueError when
+    KimiK25ForConditionalGeneration lacks ``set_eagle3_layers_to_capture``, read from the installed source), CUDA
+    graphs (the target's on every rank, its end line with ``bs=[...]``; the drafter's decode and extend graphs on
+    rank 0 only: ``log_info_on_rank0``), uvicorn, warm-up, "The server is fired up and ready to roll!";
+  * nothing listens until the graphs are done; then /health answers 503 while the server starts and, once it is
+    up, runs a one-token generation: it answers after at least 1 s (``health_generate_seconds``), 503 past
+    SGLang's 20 s HEALTH_CHECK_TIMEOUT;
   * the API key from the ``--config`` YAML (SGLang merges it with argv), /health, /metrics exempt from it;
-  * /metrics with SGLang's names and labels: ``sglang:spec_accept_length``, ``sglang:spec_accept_rate``
-    (gauges), ``sglang:spec_verify_calls_total``, token counters; the decode log line with ``accept len``.
+  * /metrics with SGLang's names and labels: the counters every finished request adds to
+    (``sglang:generation_tokens_total``, ``num_requests_total``, ``spec_verify_calls_total``) and the gauges
+    ``sglang:spec_accept_length`` / ``spec_accept_rate``, set - like the ``Decode batch ... accept len`` log line -
+    only every ``decode_log_interval`` (40) decode steps (``scheduler_components/metrics_reporter.py``): a short
+    request on a fresh server leaves them at 0.
 Rehearsal knobs: those of standin.py that apply (crash_phase weights|kv_cache|graphs, stall_phase,
-acceptance_rate, no_drafts, chat_status, empty_reply, only_if_arg, load_seconds, phase_seconds).
+acceptance_rate, no_drafts, chat_status, empty_reply, only_if_arg, load_seconds, phase_seconds), and
+health_generate_seconds (how long /health's generation takes once up).
 """
 import argparse
 import ast
@@ -43,6 +51,9 @@ MESSAGES = {
     "kv": ("srt/mem_cache/memory_pool.py", ("#tokens: ",)),
     "pool_end": ("srt/mem_cache/kv_cache_configurator.py", ("Memory pool end. ",)),
     "graph_begin": ("srt/model_executor/model_runner_components/cuda_graph_setup.py", (" CUDA graph begin. ",)),
+    "graph_end_bs": ("srt/model_executor/model_runner_components/cuda_graph_setup.py", ("bs=",)),
+    "draft_graphs": ("srt/speculative/eagle_worker_v2.py", ("Capture draft decode CUDA graph begin. backend=",)),
+    "health_generate": ("srt/entrypoints/http_server.py", ("Health check failed. Server couldn't get a response",)),
     "ready": ("srt/entrypoints/http_server.py", ("The server is fired up and ready to roll!",)),
     "sigquit": ("srt/entrypoints/engine.py", ("Received sigquit from a child process",)),
     "decode": ("srt/managers/scheduler_components/metrics_reporter.py", ("accept len: ",)),
@@ -54,14 +65,24 @@ FALLBACK["eagle3"] = (" does not implement set_eagle3_layers_to_capture, which E
                       "requires.")
 FALLBACK["bar_format"] = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
 SRC = base.VllmSource("sglang", MESSAGES, FALLBACK)
-ENGINE = {"warm": False}
+ENGINE = {"warm": False, "tp_size": 1}
+DECODE_LOG_INTERVAL = 40        # srt/arg_groups/fields/observability.py: decode_log_interval's default
+HEALTH_CHECK_TIMEOUT = 20       # srt/entrypoints/http_server.py (SGLANG_HEALTH_CHECK_TIMEOUT)
 
 
-def log(msg, tp=True, out=None):
-    """SGLang's ``configure_logger`` format: ``[%(asctime)s TP0] %(message)s`` in scheduler processes."""
+def log(msg, tp=True, out=None, rank=0):
+    """SGLang's ``configure_logger`` format: ``[%(asctime)s TP3] %(message)s`` in a scheduler process (the TP part
+    only with --tp-size > 1), ``[%(asctime)s] %(message)s`` in the launcher."""
     out = out or sys.stdout
-    out.write("[%s%s] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), " TP0" if tp else "", msg))
+    prefix = " TP%d" % rank if tp and ENGINE["tp_size"] > 1 else ""
+    out.write("[%s%s] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), prefix, msg))
     out.flush()
+
+
+def log_ranks(msg):
+    """A line every scheduler logs (``logger.info``): once per tensor-parallel rank."""
+    for r in range(ENGINE["tp_size"]):
+        log(msg, rank=r)
 
 
 def hook_present(class_name="KimiK25ForConditionalGeneration", method="set_eagle3_layers_to_capture"):
@@ -82,8 +103,8 @@ def hook_present(class_name="KimiK25ForConditionalGeneration", method="set_eagle
 def die(exc_type, message):
     """A scheduler process dies: its traceback ending in the root cause, then the launcher's own line."""
     err = sys.stdout
-    err.write("[%s TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
-              % time.strftime("%Y-%m-%d %H:%M:%S"))
+    err.write("[%s%s] Scheduler hit an exception: Traceback (most recent call last):\n"
+              % (time.strftime("%Y-%m-%d %H:%M:%S"), " TP0" if ENGINE["tp_size"] > 1 else ""))
     err.write('  File "sglang/srt/managers/scheduler.py", line 1, in run_scheduler_process\n')
     err.write("%s: %s\n" % (exc_type, message))
     log(SRC.find("sigquit")[0], tp=False)
@@ -120,35 +141,53 @@ def bar(desc, total, seconds, stop_at=None):
 
 
 class Metrics(object):
-    def __init__(self, name, steps, rate, spec):
+    """SGLang's /metrics as a deployer reads it.  Counters: every finished request adds its tokens, itself and its
+    verify steps (observe_one_finished_request).  Gauges: the decode window's acceptance, set only when the
+    decode-step count crosses a multiple of DECODE_LOG_INTERVAL (metrics_reporter.py), with the log line."""
+
+    def __init__(self, name, drafts_per_step, rate, spec):
         self.lock = threading.Lock()
-        self.name, self.steps, self.rate, self.spec = name, steps, rate, spec
-        self.verify_calls = self.prompt = self.gen = 0
+        self.name, self.k, self.rate, self.spec = name, drafts_per_step, rate, spec
+        self.verify_calls = self.prompt = self.gen = self.requests = 0
+        self.decode_steps = self.win_steps = self.win_tokens = self.win_correct = 0
         self.accept_length = self.accept_rate = 0.0
         self.no_drafts = False
 
     def completion(self, prompt_tokens, gen_tokens):
+        """One finished request; returns the decode log line when this request crossed a logging interval."""
         with self.lock:
             self.prompt += prompt_tokens
             self.gen += gen_tokens
-            if not self.spec or self.no_drafts:
-                return
-            # each verify step checks `steps` drafts and keeps rate * steps of them, plus the bonus token
-            self.verify_calls += max(1, int(gen_tokens / (1 + self.rate * self.steps)))
-            self.accept_rate = self.rate
-            self.accept_length = 1 + self.rate * self.steps
+            self.requests += 1
+            if not self.spec or self.no_drafts or gen_tokens < 2:
+                return None
+            # the first token is the prefill's; each verify step then yields its accepted drafts + 1 token
+            steps = max(1, int(round((gen_tokens - 1) / (1.0 + self.rate * self.k))))
+            correct = max(0, min(steps * self.k, gen_tokens - 1 - steps))
+            self.verify_calls += steps
+            self.win_steps += steps
+            self.win_tokens += steps + correct
+            self.win_correct += correct
+            before, self.decode_steps = self.decode_steps, self.decode_steps + steps
+            if self.decode_steps // DECODE_LOG_INTERVAL == before // DECODE_LOG_INTERVAL:
+                return None
+            self.accept_length = float(self.win_tokens) / self.win_steps
+            self.accept_rate = float(self.win_correct) / (self.win_steps * self.k) if self.k else 0.0
+            self.win_steps = self.win_tokens = self.win_correct = 0
+            return (self.accept_length, self.accept_rate)
 
     def text(self):
         lab = 'model_name="%s",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"' % self.name
+        req = 'model_name="%s",is_streaming="false"' % self.name
         out = []
         with self.lock:
             for name, kind, value, labels in (
-                    ("sglang:prompt_tokens_total", "counter", self.prompt, 'model_name="%s"' % self.name),
-                    ("sglang:generation_tokens_total", "counter", self.gen, 'model_name="%s"' % self.name),
+                    ("sglang:prompt_tokens_total", "counter", self.prompt, req),
+                    ("sglang:generation_tokens_total", "counter", self.gen, req),
+                    ("sglang:num_requests_total", "counter", self.requests, req),
                     ("sglang:num_running_reqs", "gauge", 0, lab),
                     ("sglang:spec_accept_length", "gauge", self.accept_length, lab),
                     ("sglang:spec_accept_rate", "gauge", self.accept_rate, lab),
-                    ("sglang:spec_num_steps", "gauge", self.steps if self.spec else 0, lab),
                     ("sglang:spec_verify_calls_total", "counter", self.verify_calls, 'model_name="%s"' % self.name)):
                 out.append("# TYPE %s %s" % (name.replace("_total", "") if kind == "counter" else name, kind))
                 out.append("%s{%s} %s" % (name, labels, float(value)))
@@ -180,8 +219,17 @@ def make_handler(a, metrics, api_key, k):
 
 
         def do_GET(self):
-            if self.path in ("/health", "/health_generate"):   # exempt from the API key; 503 until warm
-                return self._send(200 if ENGINE["warm"] else 503)
+            if self.path in ("/health", "/health_generate"):   # exempt from the API key
+                if not ENGINE["warm"]:                            # ServerStatus.Starting: 503 at once
+                    return self._send(503)
+                # up: a one-token generation; SGLang polls for its answer once a second, for at most 20 s
+                took = float(k.get("health_generate_seconds", 1.0))
+                time.sleep(min(max(1.0, took), HEALTH_CHECK_TIMEOUT))
+                if took > HEALTH_CHECK_TIMEOUT:
+                    log("Health check failed. Server couldn't get a response from detokenizer for last %d seconds."
+                        % HEALTH_CHECK_TIMEOUT, tp=False)
+                    return self._send(503)
+                return self._send(200)
             if self.path == "/metrics":
                 return self._send(200, metrics.text().encode(), "text/plain; version=0.0.4; charset=utf-8")
             if self.path == "/v1/models":
@@ -212,11 +260,11 @@ def make_handler(a, metrics, api_key, k):
             text = "" if k.get("empty_reply") else "Sandbox SGLang stand-in reply (%s): %s" % (
                 "EAGLE-3 on" if metrics.spec else "no speculation", prompt[:40])
             gen = min(int(req.get("max_tokens") or 16), max(1, len(text.split()))) if text else 1
-            metrics.completion(max(1, len(prompt.split())), gen)
-            if metrics.spec:   # the scheduler's decode log line (metrics_reporter.py)
+            window = metrics.completion(max(1, len(prompt.split())), gen)
+            if window:   # the scheduler's decode log line, every decode_log_interval steps (metrics_reporter.py)
                 log("Decode batch, #running-req: 1, #token: %d, token usage: 0.00, %s%.2f, accept rate: %.2f, "
                     "cuda graph: True, gen throughput (token/s): 42.00, #queue-req: 0"
-                    % (gen, SRC.find("decode")[0], metrics.accept_length, metrics.accept_rate))
+                    % (gen, SRC.find("decode")[0], window[0], window[1]))
             body = {"id": "standin-%d" % int(time.time() * 1000), "object": "chat.completion",
                     "created": int(time.time()), "model": name,
                     "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
@@ -234,7 +282,8 @@ def main(argv):
     for flag in ("--model-path", "--served-model-name", "--host", "--speculative-algorithm", "--config",
                  "--speculative-draft-model-path", "--attention-backend"):
         p.add_argument(flag)
-    for flag in ("--port", "--tp-size", "--context-length", "--speculative-num-steps"):
+    for flag in ("--port", "--tp-size", "--context-length", "--speculative-num-steps",
+                 "--speculative-num-draft-tokens"):
         p.add_argument(flag, type=int)
     a, _unknown = p.parse_known_args(argv)
     k = base.knobs()
@@ -266,28 +315,19 @@ def main(argv):
             time.sleep(min(ps[name], 1.0))
             die(*CRASHES[name])
 
+    ENGINE["tp_size"] = max(1, a.tp_size or 1)
     desc = SRC.find("shards_desc")[0]
+    # managers/scheduler.py, init_model_worker: the target's weights, the drafter's, the KV pools, the attention
+    # backends, the CUDA graphs
     t0 = time.time()
-    log("Load weight begin. avail mem=93.12 GB")
+    log_ranks("Load weight begin. avail mem=93.12 GB")
     phase("weights")
     bar(desc, shards, ps["weights"])
-    log("Load weight end. elapsed=%.2f s, type=KimiK25ForConditionalGeneration, avail mem=20.51 GB, "
-        "mem usage=72.61 GB." % (time.time() - t0))
-    if spec and not hook_present():   # configure_aux_hidden_state_capture, before the KV cache and graphs
-        # the f-string's constant part after the class name: " does not implement set_eagle3_layers_to_capture, ..."
-        die("ValueError", "Model KimiK25ForConditionalGeneration" + SRC.find("eagle3")[0])
-    phase("kv_cache")
-    time.sleep(ps["kv_cache"])
-    log("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 418016, KV size: 11.42 GB")
-    log("Memory pool end. avail mem=8.10 GB")
-    phase("graphs")
-    for role in ("target verify",) if spec else ("decode",):
-        log("Capture %s CUDA graph begin. This can take up to several minutes. avail mem=8.10 GB" % role)
-        time.sleep(ps["graphs"])
-        log("Capture %s CUDA graph end. elapsed=%.2f s, mem usage=1.20 GB, avail mem=6.90 GB." % (role, ps["graphs"]))
+    log_ranks("Load weight end. elapsed=%.2f s, type=KimiK25ForConditionalGeneration, avail mem=20.51 GB, "
+              "mem usage=72.61 GB." % (time.time() - t0))
     if spec:
         t1 = time.time()
-        log("Load weight begin. avail mem=6.90 GB")
+        log_ranks("Load weight begin. avail mem=20.51 GB")
         phase("drafter")
         bar(desc, 1, ps["drafter"] / 2)
         drafter_class = "LlamaForCausalLMEagle3"
@@ -296,16 +336,36 @@ def main(argv):
                 drafter_class = (json.load(f).get("architectures") or [drafter_class])[0]
         except (OSError, ValueError):
             pass
-        log("Load weight end. elapsed=%.2f s, type=%s, avail mem=5.70 GB, mem usage=1.20 GB."
-            % (time.time() - t1, drafter_class))
+        log_ranks("Load weight end. elapsed=%.2f s, type=%s, avail mem=19.31 GB, mem usage=1.20 GB."
+                  % (time.time() - t1, drafter_class))
+    phase("kv_cache")
+    time.sleep(ps["kv_cache"])
+    # the target's pool (Kimi-K2.5: MLA, one latent cache) and the drafter's (Llama: MHA, K and V), same #tokens
+    log_ranks("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 418016, KV size: 11.42 GB")
+    if spec:
+        log_ranks("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 418016, K size: 0.20 GB, V size: 0.20 GB")
+    log_ranks("Memory pool end. avail mem=8.10 GB")
+    if spec and not hook_present():   # init_attention_backends -> configure_aux_hidden_state_capture
+        # the f-string's constant part after the class name: " does not implement set_eagle3_layers_to_capture, ..."
+        die("ValueError", "Model KimiK25ForConditionalGeneration" + SRC.find("eagle3")[0])
+    phase("graphs")
+    role = "target verify" if spec else "target decode"
+    log_ranks("Capture %s CUDA graph begin. backend=full, num_tokens_per_req=%d, avail mem=8.10 GB"
+              % (role, (a.speculative_num_draft_tokens or 4) if spec else 1))
+    time.sleep(ps["graphs"])
+    log_ranks("Capture %s CUDA graph end. bs=[1, 2, 4, 8], elapsed=%.2f s, mem usage=1.20 GB, avail mem=6.90 GB."
+              % (role, ps["graphs"]))
+    if spec:   # speculative/eagle_worker_v2.py: log_info_on_rank0
         for role in ("draft decode", "draft extend"):
-            log("Capture %s CUDA graph begin. This can take up to several minutes. avail mem=5.70 GB" % role)
+            log("Capture %s CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, 4, 8], "
+                "avail mem=6.90 GB" % role)
             time.sleep(ps["drafter"] / 4)
-            log("Capture %s CUDA graph end. elapsed=%.2f s, mem usage=0.40 GB, avail mem=5.30 GB."
+            log("Capture %s CUDA graph end. elapsed=%.2f s, mem usage=0.40 GB, avail mem=6.50 GB."
                 % (role, ps["drafter"] / 4))
     phase("api")
     host, port = a.host or "127.0.0.1", a.port or 30000
-    metrics = Metrics(a.served_model_name or a.model_path, a.speculative_num_steps or 3,
+    steps = a.speculative_num_steps or 3
+    metrics = Metrics(a.served_model_name or a.model_path, (a.speculative_num_draft_tokens or steps + 1) - 1,
                       float(k.get("acceptance_rate", 0.6)), spec)
     metrics.no_drafts = bool(k.get("no_drafts"))
     srv = ThreadingHTTPServer((host, port), make_handler(a, metrics, api_key_of(a.config), k))

@@ -44,8 +44,13 @@ def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself(sandbox):
     out = r.stdout + r.stderr
     assert "SGLang 0.5.23 accepts this launch: sglang_argparse, sglang_server_args, eagle3_hook" in out
     assert "KimiK25ForConditionalGeneration with set_eagle3_layers_to_capture" in out
-    # acceptance from sglang:spec_accept_rate / spec_accept_length, in the same fields as vLLM's
-    assert m["acceptance_rate"] == pytest.approx(0.6) and m["mean_acceptance_length"] == pytest.approx(2.8)
+    # acceptance from SGLang's counters (tokens, requests, verify steps), in the same fields as vLLM's: one short
+    # smoke request on a fresh server leaves its gauges at 0 (set every 40 decode steps); the stand-in's verify
+    # steps are whole, so the measured rate is near the knob's 0.6, not equal to it
+    assert m["acceptance_rate"] == pytest.approx(0.6, abs=0.1) and m["mean_acceptance_length"] == pytest.approx(
+        2.8, abs=0.3), m
+    gauges = sh(H, "curl -s localhost:8000/metrics | grep -E '^sglang:spec_accept_(rate|length)'")
+    assert all(line.endswith(" 0.0") for line in gauges.splitlines()), gauges
     # the API key reaches SGLang through systemd's credentials, never argv (world-readable) or the journal
     assert "--api-key" not in argv and argv[-2:] == ["--config", "{credentials}/sglang-secrets.yaml"]
     unit = sh(H, f"cat /etc/systemd/system/{SVC}.service")
@@ -147,6 +152,7 @@ def test_05_sglang_without_the_eagle3_hook_is_refused_from_its_source_and_the_st
         from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
         st = LoadState("sglang")
         st.feed(log, 1.0)
-        assert st.fatal and st.fatal[0] == "eagle3_interface" and st.phase == "weights"
+        # SGLang checks the hook in its attention backends' set-up, after both loads and the KV pools
+        assert st.fatal and st.fatal[0] == "eagle3_interface" and st.phase == "kv_cache"
     finally:
         sh(H, f"sed -i 's/def _no_eagle3_hook/def set_eagle3_layers_to_capture/' {src}")

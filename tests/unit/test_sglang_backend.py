@@ -26,7 +26,10 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
     assert p["engine"] == {"name": "sglang", "label": "SGLang", "package": "sglang", "version": "0.5.23",
                            # what the roles read instead of comparing engine names (deployer/engines)
                            "patchable": False, "capability_probe": True, "verifier": "sglang_verify.py",
-                           "log_rules": "sglang", "drafts_metric": "sglang:spec_verify_calls_total"}
+                           "log_rules": "sglang", "drafts_metric": "sglang:spec_verify_calls_total",
+                           # its /health generates a token once up (up to 20 s): the watch waits that long
+                           "health_timeout_seconds": 22.0}
+    assert p["draft_tokens_per_step"] == 3      # --speculative-num-draft-tokens 4: the last accepted + 3 drafts
     assert p["venv"] == "/opt/deployer/venvs/sglang-0.5.23" and p["vllm_version"] is None
     assert p["patch_state"] == "absent"
     a = p["argv"]
@@ -125,22 +128,39 @@ def test_the_draft_backend_and_equals_spelling_are_checked_too():
 
 
 # ------------------------------------------------------------------ SGLang's log lines and metrics
-SG_LOG = """\
-[2026-11-30 09:08:27 TP0] Load weight begin. avail mem=93.12 GB
-\rLoading safetensors checkpoint shards:  50% Completed | 32/64 [00:01<00:01, 30.1it/s]\
-\rLoading safetensors checkpoint shards: 100% Completed | 64/64 [00:02<00:00, 30.1it/s]
-[2026-11-30 09:08:29 TP0] Load weight end. elapsed=2.10 s, type=KimiK25ForConditionalGeneration, avail mem=20.51 GB, mem usage=72.61 GB.
-[2026-11-30 09:08:30 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 418016, KV size: 11.42 GB
-[2026-11-30 09:08:30 TP0] Capture target verify CUDA graph begin. This can take up to several minutes. avail mem=8.10 GB
-[2026-11-30 09:08:31 TP0] Capture target verify CUDA graph end. elapsed=0.60 s, mem usage=1.20 GB, avail mem=6.90 GB.
-[2026-11-30 09:08:31 TP0] Load weight begin. avail mem=6.90 GB
-[2026-11-30 09:08:31 TP0] Load weight end. elapsed=0.31 s, type=LlamaForCausalLMEagle3, avail mem=5.70 GB, mem usage=1.20 GB.
-[2026-11-30 09:08:31 TP0] Capture draft decode CUDA graph begin. This can take up to several minutes. avail mem=5.70 GB
-[2026-11-30 09:08:32 TP0] Capture draft decode CUDA graph end. elapsed=0.15 s, mem usage=0.40 GB, avail mem=5.30 GB.
-INFO:     Application startup complete.
-[2026-11-30 09:08:33] The server is fired up and ready to roll!
-[2026-11-30 09:08:35 TP0] Decode batch, #running-req: 1, #token: 8, token usage: 0.00, accept len: 2.95, accept rate: 0.65, cuda graph: True
-"""
+def _ranks(line, n=8, **kw):
+    """One line as each of ``n`` tensor-parallel ranks logs it (SGLang's logger.info runs in every scheduler)."""
+    return "".join("[2026-12-01 09:08:%s TP%d] %s\n" % (kw.get("sec", "27"), r, line.format(r=r)) for r in range(n))
+
+
+# SGLang 0.5.23 at --tp-size 8, in the order of its own start-up (managers/scheduler.py, init_model_worker: target
+# weights, drafter weights, KV pools target then drafter, attention backends, CUDA graphs target then drafter) and
+# with its own line shapes (model_runner.py, memory_pool.py, cuda_graph_setup.py, eagle_worker_v2.py): every rank
+# logs the weight, pool and target-graph lines; the drafter's graph lines are rank 0's only (log_info_on_rank0)
+SG_LOG = (
+    _ranks("Load weight begin. avail mem=93.12 GB")
+    + "\rLoading safetensors checkpoint shards:  50% Completed | 32/64 [00:01<00:01, 30.1it/s]"
+      "\rLoading safetensors checkpoint shards: 100% Completed | 64/64 [00:02<00:00, 30.1it/s]\n"
+    + _ranks("Load weight end. elapsed=2.{r}0 s, type=KimiK25ForConditionalGeneration, avail mem=20.51 GB, "
+             "mem usage=72.61 GB.", sec="29")
+    + _ranks("Load weight begin. avail mem=20.51 GB", sec="29")
+    + _ranks("Load weight end. elapsed=0.3{r} s, type=LlamaForCausalLMEagle3, avail mem=19.31 GB, "
+             "mem usage=1.20 GB.", sec="30")
+    + _ranks("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 418016, KV size: 11.42 GB", sec="30")
+    + _ranks("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 418016, K size: 0.20 GB, V size: 0.20 GB",
+             sec="30")
+    + _ranks("Memory pool end. avail mem=8.10 GB", sec="30")
+    + _ranks("Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, avail mem=8.10 GB", sec="30")
+    + _ranks("Capture target verify CUDA graph end. bs=[1, 2, 4, 8], elapsed=0.60 s, mem usage=1.20 GB, "
+             "avail mem=6.90 GB.", sec="31")
+    + "[2026-12-01 09:08:31 TP0] Capture draft decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+      "bs=[1, 2, 4, 8], avail mem=6.90 GB\n"
+    + "[2026-12-01 09:08:32 TP0] Capture draft decode CUDA graph end. elapsed=0.15 s, mem usage=0.40 GB, "
+      "avail mem=6.50 GB.\n"
+    + "INFO:     Application startup complete.\n"
+    + "[2026-12-01 09:08:33] The server is fired up and ready to roll!\n"
+    + "[2026-12-01 09:08:35 TP0] Decode batch, #running-req: 1, #token: 8, token usage: 0.00, accept len: 2.95, "
+      "accept rate: 0.65, cuda graph: True\n")
 
 
 def test_sglang_load_phases_and_facts_from_its_lines():
@@ -150,14 +170,31 @@ def test_sglang_load_phases_and_facts_from_its_lines():
         seen.append(st.phase)
         if "50% Completed" in line:
             assert st.percent() == 100.0     # the line carries both redraws; the last one counts
+    # a second rank's first "Load weight begin" is not the drafter's: only a rank's second one is
     assert [p for i, p in enumerate(seen) if i == 0 or p != seen[i - 1]] == [
-        "weights", "kv_cache", "graphs", "api", "ready"]
+        "weights", "drafter", "kv_cache", "graphs", "api", "ready"]
     f = st.facts
-    assert f["weights_seconds"] == 2.1 and f["model_class"] == "KimiK25ForConditionalGeneration"
-    assert f["drafter_weights_seconds"] == 0.31 and f["drafter_class"] == "LlamaForCausalLMEagle3"
-    assert f["kv_cache_tokens"] == 418016 and f["graphs_seconds"] == 0.75
+    assert f["weights_seconds"] == 2.0 and f["model_class"] == "KimiK25ForConditionalGeneration"   # rank 0's
+    assert f["drafter_weights_seconds"] == 0.30 and f["drafter_class"] == "LlamaForCausalLMEagle3"
+    # the target's pool is the KV cache; the drafter's second line does not overwrite it
+    assert f["kv_cache_tokens"] == 418016 and f["kv_cache_gib"] == 11.42 and f["drafter_kv_cache_gib"] == 0.4
+    # rank 0's graph seconds, the target's end line with its bs=[...] before elapsed= included
+    assert f["graphs_seconds"] == 0.75
     assert f["log_mean_acceptance_length"] == 2.95 and f["log_acceptance_rate"] == 0.65
     assert st.fatal is None
+    durations = st.phase_durations(float(len(SG_LOG.split("\n"))))
+    assert durations["weights"] > 0 and durations["drafter"] > 0
+
+
+def test_a_missing_eagle3_hook_is_named_in_the_kv_phase_where_sglang_checks_it():
+    """configure_aux_hidden_state_capture runs in init_attention_backends, after both loads and the KV pools."""
+    st = LoadState("sglang")
+    head = SG_LOG.split("Memory pool end")[0]
+    st.feed(head, 1.0)
+    st.feed("[2026-12-01 09:08:30 TP0] Scheduler hit an exception: Traceback (most recent call last):\n", 2.0)
+    st.feed("ValueError: Model KimiK25ForConditionalGeneration does not implement set_eagle3_layers_to_capture, "
+            "which EAGLE3 aux hidden-state capture requires.\n", 2.0)
+    assert st.fatal[0] == "eagle3_interface" and st.phase == "kv_cache"
 
 
 def test_sglang_failures_are_named():
@@ -184,12 +221,44 @@ sglang:spec_verify_calls_total{model_name="kimi-k2.5"} 7.0
 
 
 def test_sglang_acceptance_in_the_same_fields_as_vllms():
-    s = spec_decode_stats(SG_METRICS)
-    assert s["present"] and s["acceptance_rate"] == 0.6 and s["mean_acceptance_length"] == 2.8   # rank 0's
+    s = spec_decode_stats(SG_METRICS)       # gauges only (no generation counter): rank 0's
+    assert s["present"] and s["acceptance_rate"] == 0.6 and s["mean_acceptance_length"] == 2.8
     before = spec_decode_stats(SG_METRICS.replace("} 7.0", "} 3.0"))
     d = spec_decode_delta(before, s)
     assert d["drafts"] == 4.0 and d["acceptance_rate"] == 0.6
     assert not spec_decode_stats("sglang:num_running_reqs 0\n")["present"]
+
+
+# SGLang 0.5.23's /metrics after ONE 32-token request on a fresh server (metrics_collector.py): the counters
+# moved (32 tokens, 1 request, 11 verify steps), the gauges did not - they are set every decode_log_interval (40)
+# decode steps, and 11 < 40
+SG_FRESH = """\
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="kimi-k2.5",is_streaming="false"} 32.0
+# TYPE sglang:num_requests_total counter
+sglang:num_requests_total{model_name="kimi-k2.5",is_streaming="false"} 1.0
+# TYPE sglang:spec_verify_calls_total counter
+sglang:spec_verify_calls_total{model_name="kimi-k2.5"} 11.0
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{model_name="kimi-k2.5",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 0.0
+# TYPE sglang:spec_accept_rate gauge
+sglang:spec_accept_rate{model_name="kimi-k2.5",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 0.0
+"""
+
+
+def test_sglang_acceptance_comes_from_its_counters_on_a_fresh_server():
+    """11 verify steps gave 31 tokens (the first is the prefill's): 20 accepted of 33 proposed (3 per step)."""
+    s = spec_decode_stats(SG_FRESH, 3)
+    assert s["acceptance_rate"] == round(20 / 33, 4) and s["mean_acceptance_length"] == round(1 + 20 / 11, 4)
+    assert s["num_drafts"] == 11 and s["source"] == "counters"
+    d = spec_decode_delta(spec_decode_stats("", 3), s)
+    assert d["drafts"] == 11 and d["acceptance_rate"] == round(20 / 33, 4)
+    # a second request: the rates over it alone
+    later = spec_decode_stats(SG_FRESH.replace("} 32.0", "} 57.0").replace("} 1.0", "} 2.0").replace("} 11.0", "} 19.0"), 3)
+    d = spec_decode_delta(s, later)
+    assert d["drafts"] == 8 and d["acceptance_rate"] == round((25 - 1 - 8) / 24, 4)
+    # without the drafts per step only the length is known; the gauges (0 here) are not taken for a rate
+    assert spec_decode_stats(SG_FRESH)["acceptance_rate"] is None
 
 
 # ------------------------------------------------------------------ the installed source, fabricated

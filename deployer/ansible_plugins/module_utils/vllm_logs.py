@@ -53,8 +53,11 @@ RX = {
     # managers/scheduler_components/metrics_reporter.py); docs/backends.md lists each line
     "sg_weights_begin": re.compile(r"Load weight begin\. avail mem=([\d.]+) GB"),
     "sg_weights_end": re.compile(r"Load weight end\. elapsed=([\d.]+) s, type=(\w+)"),
-    "sg_kv": re.compile(r"KV Cache is allocated\. (?:dtype: [^,]+, )?#tokens: (\d+)"),
-    "sg_graphs": re.compile(r"Capture (.*?) (?:cuda|CUDA) graph (begin|end)\.(?: elapsed=([\d.]+) s)?"),
+    # the target's pool (MLA: "KV size"), then the drafter's (MHA: "K size, V size"), on every rank
+    "sg_kv": re.compile(r"KV Cache is allocated\. (?:dtype: [^,]+, )?#tokens: (\d+), "
+                        r"(?:KV size: ([\d.]+) GB|K size: ([\d.]+) GB, V size: ([\d.]+) GB)?"),
+    # 0.5.23's target end line: "... CUDA graph end. bs=[1, 2, 4], elapsed=0.60 s, ..."; the drafter's: "end. elapsed="
+    "sg_graphs": re.compile(r"Capture (.*?) (?:cuda|CUDA) graph (begin|end)\.(?: bs=\[[^\]]*\],)?(?: elapsed=([\d.]+) s)?"),
     "sg_ready": re.compile(r"The server is fired up and ready to roll!"),
     "sg_spec": re.compile(r"Decode batch.*?accept len: ([\d.]+), accept rate: ([\d.]+)"),
 }
@@ -222,6 +225,7 @@ class LoadState(object):
         self.engine_spoke = False   # the engine process logged an error of its own (else a death is silent)
         self.engine_gone = ""       # the API server's line saying the engine process is gone
         self.tentative = False      # the phase was entered on the previous one's end line: a compile line may follow
+        self.rank_counts = {}       # SGLang: {what: {tensor-parallel rank: lines so far}} (every rank logs its own)
 
     def _enter(self, phase, t, tentative=False):
         if self.tentative and phase == "compile" and self.phase == "kv_cache":
@@ -440,35 +444,69 @@ RULES = (
 )
 
 
+_SG_RANK = re.compile(r"^\[[^\]]*? TP(\d+)\b[^\]]*\]")
+
+
+def _sg_rank(line):
+    """The tensor-parallel rank of an SGLang scheduler line (``[2026-12-01 10:00:00 TP3] ...``; no ``TP`` with one
+    rank: rank 0).  Every rank logs the weight, KV-pool and target-graph lines (``logger.info``)."""
+    m = _SG_RANK.match(line)
+    return int(m.group(1)) if m else 0
+
+
+def _sg_count(st, what, line):
+    """How many ``what`` lines this line's rank has logged, this one included (1: the target's, 2: the drafter's)."""
+    counts = st.rank_counts.setdefault(what, {})
+    rank = _sg_rank(line)
+    counts[rank] = counts.get(rank, 0) + 1
+    return rank, counts[rank]
+
+
 def _r_sg_weights_begin(st, m, t):
-    # SGLang loads the target, then (after its KV cache and CUDA graphs) the drafter: a second begin
-    st.facts["sg_loads"] = st.facts.get("sg_loads", 0) + 1
-    st._enter("weights", t)
-    st.progress = None
+    # SGLang (scheduler.init_model_worker) loads the target, then the drafter, on every rank: a rank's first
+    # begin is the target's, its second the drafter's (another rank's first begin is not the drafter)
+    _rank, n = _sg_count(st, "begins", m.string)
+    st._enter("weights" if n == 1 else "drafter", t)
 
 
 def _r_sg_weights_end(st, m, t):
-    key = "weights_seconds" if st.facts.get("sg_loads", 1) <= 1 else "drafter_weights_seconds"
-    st.facts[key] = float(m.group(1))
-    st.facts["model_class" if key == "weights_seconds" else "drafter_class"] = m.group(2)
+    rank, n = _sg_count(st, "ends", m.string)
+    if rank == 0 and n <= 2:
+        st.facts["weights_seconds" if n == 1 else "drafter_weights_seconds"] = float(m.group(1))
+        st.facts["model_class" if n == 1 else "drafter_class"] = m.group(2)
     st.last_progress_t = t
+
+
+def _r_sg_kv(st, m, t):
+    # the KV pools (target, then drafter) come after both loads, before the attention backends (where the
+    # EAGLE-3 hook is checked) and the CUDA graphs
+    st._enter("kv_cache", t)
+    rank, n = _sg_count(st, "pools", m.string)
+    if rank == 0 and n <= 2:
+        pre = "" if n == 1 else "drafter_"
+        st.facts[pre + "kv_cache_tokens"] = int(m.group(1))
+        size = m.group(2) or (m.group(3) and m.group(4) and float(m.group(3)) + float(m.group(4)))
+        if size:
+            st.facts[pre + "kv_cache_gib"] = round(float(size), 2)
 
 
 def _r_sg_graphs(st, m, t):
     st._enter("graphs", t)
-    if m.group(2) == "end" and m.group(3):
+    if m.group(2) == "end" and m.group(3) and _sg_rank(m.string) == 0:   # rank 0's: every rank captures
         st.facts["graphs_seconds"] = round(st.facts.get("graphs_seconds", 0.0) + float(m.group(3)), 3)
     st.facts["graph_mode"] = m.group(1)
     st.last_progress_t = t
 
 
-# SGLang: weights (target), KV cache, CUDA graphs (the drafter's load and graphs come in this phase), the
-# HTTP server (uvicorn's startup line: the port is open, /health answers 503 until the warm-up), ready.
+# SGLang 0.5.23 (managers/scheduler.py, init_model_worker): weights (target), the drafter's weights, the KV pools
+# (target, drafter), the attention backends (the EAGLE-3 hook is checked there: a missing one is fatal in the KV
+# phase), CUDA graphs (target, then the drafter's), the HTTP server (uvicorn's startup line: the port is open,
+# /health answers 503 until the warm-up), ready.
 SGLANG_RULES = (
     ("sg_weights_begin", _r_sg_weights_begin),
     ("shards", _r_shards),
     ("sg_weights_end", _r_sg_weights_end),
-    ("sg_kv", lambda st, m, t: (st._enter("kv_cache", t), _fact("kv_cache_tokens", 1, int)(st, m, t))),
+    ("sg_kv", _r_sg_kv),
     ("sg_graphs", _r_sg_graphs),
     ("ready", _enter("api")),
     ("sg_ready", _enter("ready")),
@@ -515,15 +553,17 @@ def parse_prometheus(text):
     return out
 
 
-def spec_decode_stats(text):
-    """EAGLE-3 counters from /metrics (summed over engines) and the derived rates."""
+def spec_decode_stats(text, draft_tokens_per_step=None):
+    """EAGLE-3 counters from /metrics (summed over engines) and the derived rates.  ``draft_tokens_per_step``: the
+    drafts each verify step proposes (the plan's; SGLang's counters do not say it)."""
     m = parse_prometheus(text)
 
     def total(name):
         return sum(v for _l, v in m.get(name, []))
 
-    if "vllm:spec_decode_num_drafts_total" not in m and "sglang:spec_accept_length" in m:
-        return _sglang_spec_stats(m, total)
+    if "vllm:spec_decode_num_drafts_total" not in m and (
+            "sglang:spec_verify_calls_total" in m or "sglang:spec_accept_length" in m):
+        return _sglang_spec_stats(m, total, draft_tokens_per_step)
     drafts = total("vllm:spec_decode_num_drafts_total")
     draft_tokens = total("vllm:spec_decode_num_draft_tokens_total")
     accepted = total("vllm:spec_decode_num_accepted_tokens_total")
@@ -542,28 +582,37 @@ def spec_decode_stats(text):
     }
 
 
-def _sglang_spec_stats(m, total):
-    """SGLang's gauges (sglang/srt/observability/metrics_collector.py): the most recent decode window's mean
-    acceptance length (accepted drafts + the bonus token, as vLLM's mean length) and acceptance rate (accepted /
-    proposed drafts), from tensor-parallel rank 0; verify steps (``spec_verify_calls_total``) count the drafts."""
+def _sglang_spec_stats(m, total, draft_tokens_per_step):
+    """SGLang 0.5.23 (srt/observability/metrics_collector.py) in vLLM's fields, from its COUNTERS, which every
+    finished request adds to: verify steps (``spec_verify_calls_total``: vLLM's drafts), output tokens
+    (``generation_tokens_total``) and requests (``num_requests_total``: each request's first token comes from its
+    prefill, not from a verify step).  A verify step yields its accepted drafts plus one token, so accepted =
+    tokens - requests - steps and proposed = steps x drafts per step.  Its GAUGES ``spec_accept_length`` /
+    ``spec_accept_rate`` are set only every ``decode_log_interval`` (40) decode steps
+    (scheduler_components/metrics_reporter.py): on a fresh server a short request leaves them at 0, so they are
+    only the fallback (rank 0's) when no counter moved or the drafts per step are unknown."""
     def gauge(name):
         vals = [(str(lab.get("tp_rank", "0")) != "0", v) for lab, v in m.get(name, [])]
         return sorted(vals)[0][1] if vals else None
-    length, rate = gauge("sglang:spec_accept_length"), gauge("sglang:spec_accept_rate")
-    return {
-        "present": True, "engine": "sglang", "gauges": True,
-        "num_drafts": total("sglang:spec_verify_calls_total"),
-        "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0,
-        "acceptance_rate": round(rate, 4) if rate else None,
-        "mean_acceptance_length": round(length, 4) if length else None,
-        "per_position_rate": {},
-    }
+    verify = total("sglang:spec_verify_calls_total")
+    steps = verify if "sglang:generation_tokens_total" in m else 0.0
+    accepted = max(0.0, total("sglang:generation_tokens_total") - total("sglang:num_requests_total") - steps)
+    k = float(draft_tokens_per_step or 0)
+    out = {"present": True, "engine": "sglang", "num_drafts": verify,
+           "num_draft_tokens": steps * k, "num_accepted_tokens": accepted if steps else 0.0,
+           "acceptance_rate": round(accepted / (steps * k), 4) if steps and k else None,
+           "mean_acceptance_length": round(1 + accepted / steps, 4) if steps else None,
+           "per_position_rate": {}, "source": "counters"}
+    if out["acceptance_rate"] is None:
+        length, rate = gauge("sglang:spec_accept_length"), gauge("sglang:spec_accept_rate")
+        out.update(acceptance_rate=round(rate, 4) if rate else None, source="gauges",
+                   mean_acceptance_length=out["mean_acceptance_length"] or (round(length, 4) if length else None))
+    return out
 
 
 def spec_decode_delta(before, after):
-    """Rates over the interval between two ``spec_decode_stats`` snapshots (SGLang: its gauges already are
-    a recent window's rates; the drafts are its verify steps)."""
-    if after.get("gauges"):
+    """Rates over the interval between two ``spec_decode_stats`` snapshots (SGLang's in the same fields)."""
+    if after.get("source") == "gauges":      # SGLang without the drafts per step: its gauges' recent window
         return {"drafts": after["num_drafts"] - before.get("num_drafts", 0.0), "draft_tokens": None,
                 "accepted_tokens": None, "acceptance_rate": after["acceptance_rate"],
                 "mean_acceptance_length": after["mean_acceptance_length"]}

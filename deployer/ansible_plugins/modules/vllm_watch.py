@@ -48,6 +48,12 @@ options:
     type: str
     choices: [vllm, sglang]
     default: vllm
+  health_timeout_seconds:
+    description:
+      - How long one GET /health may take before it counts as unanswered (still loading).  SGLang's runs a
+        one-token generation once started (at least 1 s, up to 20 s); vLLM's answers at once.
+    type: float
+    default: 2.0
   stall_floor_factor:
     description:
       - When above 0, a phase's stall limit is at least this many times that phase's duration in
@@ -174,9 +180,9 @@ def _advice(fatal):
     return " (%s)" % text if text else ""
 
 
-def health(port, host="127.0.0.1"):
+def health(port, host="127.0.0.1", timeout=2.0):
     try:
-        s = socket.create_connection((host, port), timeout=2)
+        s = socket.create_connection((host, port), timeout=timeout)
     except OSError:
         return None  # connection refused: still loading (vLLM does not listen until ready)
     try:
@@ -244,7 +250,7 @@ def look(module, p):
                    reason="fatal %s in phase '%s': %s" % (snap["fatal"]["kind"], snap["phase_title"],
                                                            snap["fatal"]["line"]) + _advice(snap["fatal"]))
         return res
-    code = health(p["port"], p["host"])
+    code = health(p["port"], p["host"], p["health_timeout_seconds"])
     if code == 200 and snap["phase"] in ("api", "ready"):
         res.update(state="ready", phase="ready", phase_title="ready", ready_at=round(time.time(), 3))
         return res
@@ -278,6 +284,7 @@ def main():
             previous_phase_seconds=dict(type="dict", default={}),
             stall_floor_factor=dict(type="float", default=0.0),
             engine=dict(type="str", choices=["vllm", "sglang"], default="vllm"),
+            health_timeout_seconds=dict(type="float", default=2.0),
         ),
         supports_check_mode=True,
     )
