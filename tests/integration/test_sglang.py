@@ -23,9 +23,12 @@ def manifest(rel="current"):
 
 
 def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself(sandbox):
-    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 6}})
+    # SGLang's /health generates a token once the server is up (>= 1 s; 3 s here, past the 2 s vLLM's needs): the
+    # watch must wait for it, not count it unanswered until the budget ends; the acceptance floor must read
+    # SGLang's counters (its gauges stay 0 for a short request on a fresh server)
+    sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 6}, "health_generate_seconds": 3})
     try:
-        r = up(*SG)
+        r = up(*SG, "-e", "smoke_min_acceptance_rate=0.5", "-e", "watch_budget_seconds=600")
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 0, r.stdout + r.stderr
