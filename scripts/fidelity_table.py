@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Print the stand-in fidelity table (docs/standin-fidelity.md) from the prepared vLLM venvs.
+"""Print the stand-in fidelity table (docs/standin-fidelity.md) from the prepared vLLM venvs, or SGLang's.
 
     .venv/bin/python scripts/fidelity_table.py 0.16.0 0.18.0 0.33.0
+    .venv/bin/python scripts/fidelity_table.py --sglang 0.5.23
 """
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deployer.sandbox import standin  # noqa: E402
+from deployer.sandbox import sglang_standin, standin  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "deployer" / "venvs"
 RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (phase)", "eagle3": "FATAL eagle3_interface",
@@ -19,6 +20,33 @@ RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (p
         "worker_died": "FATAL engine_dead (generic; status: last fatal)",
         "core_died": "FATAL engine_dead (generic; status: last fatal)",
         "api": "api (phase)", "bar_format": "shards (progress)", "shards_desc": "shards (progress)"}
+
+
+SG_RULE = {"weights_begin": "sg_weights_begin (a rank's 1st: weights, 2nd: drafter)",
+           "weights_end": "sg_weights_end (rank 0's: weights_seconds, drafter_weights_seconds)",
+           "eagle3": "FATAL eagle3_interface (in kv_cache: the attention backends' set-up)",
+           "kv": "sg_kv (rank 0's 1st: kv_cache_tokens/gib, 2nd: drafter_kv_cache_*)", "pool_end": "-",
+           "graph_begin": "sg_graphs (phase)", "graph_end_bs": "sg_graphs (rank 0's elapsed: graphs_seconds)",
+           "draft_graphs": "sg_graphs (rank 0 only)", "health_generate": "- (/health 503: the watch waits 22 s)",
+           "ready": "sg_ready", "sigquit": "FATAL engine_dead (generic)",
+           "decode": "sg_spec (log_*: every 40 decode steps)", "bar_format": "shards (progress)",
+           "shards_desc": "shards (progress)"}
+
+
+def sglang(versions):
+    print("| line | SGLang file | " + " | ".join(f"{v}: line, text" for v in versions) + " | parser rule |")
+    print("|---|---|" + "---|" * len(versions) + "---|")
+    srcs = []
+    for v in versions:
+        s = standin.VllmSource("sglang", sglang_standin.MESSAGES, sglang_standin.FALLBACK)
+        s.root = str(CACHE / f"sglang-{v}" / "lib" / "python3.11" / "site-packages" / "sglang")
+        srcs.append(s)
+    for key, (rel, _a) in sglang_standin.MESSAGES.items():
+        cells = []
+        for s in srcs:
+            text, f, line = s.find(key)
+            cells.append((f"{f}:{line}: `{text.strip()[:90]!r}`" if line else "- (not found)").replace("|", "\\|"))
+        print(f"| {key} | `sglang/{rel}` | " + " | ".join(cells) + f" | {SG_RULE.get(key, '-')} |")
 
 
 def main(versions):
@@ -40,4 +68,7 @@ def main(versions):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["0.16.0", "0.18.0", "0.33.0"])
+    if sys.argv[1:2] == ["--sglang"]:
+        sglang(sys.argv[2:] or ["0.5.23"])
+    else:
+        main(sys.argv[1:] or ["0.16.0", "0.18.0", "0.33.0"])
