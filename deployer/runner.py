@@ -9,7 +9,10 @@ import json
 import os
 import re
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -31,6 +34,7 @@ class Exit(IntEnum):
     VERIFY = 4          # vLLM's own checks refused the launch; nothing restarted
     UNREACHABLE = 5     # SSH failed
     LOCKED = 6          # another deploy holds the host lock
+    INTERRUPTED = 7     # SIGINT/SIGTERM/SIGHUP stopped the run (its playbook too); the next `up` finishes the job
 
 
 @dataclass
@@ -51,6 +55,7 @@ class Result:
     facts: dict = field(default_factory=dict)   # host -> {name: value} from debug/set_fact we care about
     stats: dict = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)   # ansible-playbook's own [ERROR] text (e.g. a broken playbook)
+    interrupted_by: int = 0     # the signal that stopped the run (its playbook was killed with it), else 0
 
     def refusal(self) -> list[str]:
         """ansible-playbook's own error when it ran no host for a reason other than "no host matched" (that one the
@@ -64,6 +69,8 @@ class Result:
 
     def exit_code(self) -> Exit:
         """From each host's deployer_result (the playbooks' one result), else from what the stream showed."""
+        if self.interrupted_by:
+            return Exit.INTERRUPTED
         if not self.processed():
             return Exit.USAGE  # no host matched: never report success for doing nothing
         if self.unreachable:
@@ -194,13 +201,73 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
            "ANSIBLE_HOST_KEY_CHECKING": "True",
            # ansible-playbook from this venv, ssh from the system: never whichever the caller's PATH finds first
            "PATH": tools.subprocess_path()}
+    stop = _StopOnSignal()
     try:
-        r = ansible_runner.run(
-            private_data_dir=pdd, project_dir=str(ROOT), playbook=str(PLAYBOOKS / playbook),
-            inventory=inventory, extravars=extravars or {}, limit=limit,
-            cmdline=" ".join(cmdline) or None, envvars=env, event_handler=handler, quiet=True,
-            verbosity=verbosity or None, suppress_env_files=False,
-        )
-        return collect.result(r.rc, r.status)
+        with stop:
+            r = ansible_runner.run(
+                private_data_dir=pdd, project_dir=str(ROOT), playbook=str(PLAYBOOKS / playbook),
+                inventory=inventory, extravars=extravars or {}, limit=limit,
+                cmdline=" ".join(cmdline) or None, envvars=env, event_handler=handler, quiet=True,
+                verbosity=verbosity or None, suppress_env_files=False,
+                cancel_callback=stop.requested, settings={"pexpect_timeout": 1},
+                binary=_playbook_bound_to_us(pdd, env["PATH"]),
+            )
+        res = collect.result(r.rc, r.status)
+        res.interrupted_by = stop.signum
+        return res
     finally:
         shutil.rmtree(pdd, ignore_errors=True)
+
+
+# ansible-runner starts ansible-playbook through pexpect in a session of its own with SIGHUP ignored
+# (runner.py: ignore_sighup=True), so a `deployer` killed outright (SIGKILL, the OOM killer) left it running on,
+# unwatched, while the lock it holds names this process, now dead: the next `up` took the lock over as stale and two
+# playbooks acted on the host at once.  The playbook is started through this shim instead: the kernel sends it
+# SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec), and it never starts when we are already gone.
+_BOUND_CHILD = """import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(137)   # the deployer died before the line above took effect: never run unwatched
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _playbook_bound_to_us(pdd: str, path: str) -> str:
+    """An executable in the run's private directory that runs ansible-playbook (found on ``path``) with its
+    arguments, killed by the kernel when this process dies."""
+    import shlex
+    real = shutil.which("ansible-playbook", path=path) or "ansible-playbook"
+    shim = Path(pdd) / "ansible-playbook-bound"
+    shim.write_text("#!/bin/sh\nexec %s -c %s %d %s \"$@\"\n" % (
+        shlex.quote(sys.executable), shlex.quote(_BOUND_CHILD), os.getpid(), shlex.quote(real)))
+    shim.chmod(0o700)
+    return str(shim)
+
+
+class _StopOnSignal:
+    """While the playbook runs: SIGINT, SIGTERM and SIGHUP ask ansible-runner to stop it (its cancel_callback,
+    checked at least once a second: ``pexpect_timeout``), which kills the playbook's process group, instead of
+    ending this process and leaving ansible-playbook running on in its own session (ansible-runner starts it with
+    pexpect): a deploy nobody watches any more, whose lock outlives the operator's Ctrl-C or cron's ``timeout``.
+    What the host is left with is what a controller that died there leaves, which the next ``up`` finishes
+    (tests/integration/test_controller_killed.py).  Only in the main thread (Python's rule for handlers)."""
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.signum, self.saved = 0, {}
+
+    def requested(self) -> bool:
+        return bool(self.signum)
+
+    def _on(self, signum, _frame):
+        self.signum = self.signum or signum
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.saved = {s: signal.signal(s, self._on) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.saved.items():
+            signal.signal(s, h)
+        return False

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Annotated, Optional
 
@@ -50,12 +51,18 @@ def report(res: runner.Result, as_json: bool, what: str) -> int:
             f.res["lock_state"] = lock_note(f.res.get("holder") or {})
             f.msg = f"{f.msg}\n{f.res['lock_state']}"
     results = {h: f.get("deployer_result") for h, f in res.facts.items() if f.get("deployer_result")}
+    stopped = (f"interrupted by {signal.Signals(res.interrupted_by).name}: the playbook was stopped where it was; "
+               f"the host is left as a controller that died there leaves it: `deployer status` shows it, the next "
+               f"`deployer {what}` finishes the job (or rolls back)") if res.interrupted_by else ""
     if as_json:
         sys.stdout.write(json.dumps({"event": "result", "command": what, "ok": code == Exit.OK, "exit_code": int(code),
                                      "failures": [f.__dict__ for f in res.failures], "hosts": results,
-                                     "processed": sorted(res.processed()), "errors": res.errors},
+                                     "processed": sorted(res.processed()), "errors": res.errors,
+                                     "interrupted": stopped or None},
                                     default=str) + "\n")
         return int(code)
+    if stopped:
+        err.print(f"[bold red]{what} {stopped}[/]", highlight=False)
     for f in res.failures:
         err.print(f"[bold red]{f.host}: {f.role or 'play'} / {f.task}[/]", highlight=False)
         err.out(f.msg, highlight=False)

@@ -48,8 +48,13 @@ def kill_during(role, args, task="", until=None, timeout=600):
                         if sh(H, until, check=False):
                             break
                         time.sleep(0.1)
+                    playbook = playbook_of(p.pid)
                     os.killpg(p.pid, signal.SIGKILL)
                     killed = True
+                    # the whole controller dies: ansible-playbook too, although ansible-runner starts it in a
+                    # session of its own with SIGHUP ignored (before: it ran on, unwatched, and the rerun took its
+                    # lock over as stale while it still acted on the host)
+                    assert gone(playbook), f"ansible-playbook {playbook} outlived its deployer"
                     break
             if time.time() - t0 > timeout:
                 break
@@ -62,6 +67,69 @@ def kill_during(role, args, task="", until=None, timeout=600):
     assert any(e.get("role") == role for e in seen), f"stage {role} never ran: {seen[-5:]}"
     assert killed, f"no task of {role} starting with {task!r} ran (renamed?): the run was not killed"
     return seen
+
+
+def playbook_of(cli_pid):
+    """The pid of the ansible-playbook a `deployer` process started (its child; ansible-runner's session)."""
+    for _ in range(100):
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    stat = open(f"/proc/{d}/stat").read()
+                    cmd = open(f"/proc/{d}/cmdline", "rb").read()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == cli_pid and b"ansible-playbook" in cmd:
+                    return int(d)
+        time.sleep(0.1)
+    raise AssertionError(f"no ansible-playbook under deployer pid {cli_pid}")
+
+
+def gone(pid, seconds=10):
+    for _ in range(int(seconds * 10)):
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_or_ctrl_c_stops_the_playbook_says_so_and_the_next_up_finishes_the_job():
+    """cron's `timeout` or systemd sends SIGTERM, an operator presses Ctrl-C (SIGINT), a closed terminal SIGHUP: the
+    deployer stops its playbook (ansible-runner's cancel: the playbook's process group is killed) instead of dying
+    and leaving it running unwatched, says where that leaves the host, and exits 7; the next `up` finishes the job."""
+    sh(H, "echo '{\"load_seconds\": 20}' > /etc/deployer-sandbox/standin.json")
+    args = ["-e", "deployer_gpu_memory_utilization=0.869"]
+    p = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "--json", *args, *FAST],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         start_new_session=True)
+    try:
+        playbook, t_sig = None, None
+        for line in p.stdout:
+            if line.startswith("{") and json.loads(line).get("event") == "phase":   # the new server is loading
+                playbook = playbook_of(p.pid)
+                p.send_signal(signal.SIGTERM)         # to the deployer alone, as `timeout` does
+                t_sig = time.time()
+                break
+        assert playbook, "the load never began"
+        out, _err = p.communicate(timeout=60)
+        took = time.time() - t_sig
+    finally:
+        sh(H, "echo '{}' > /etc/deployer-sandbox/standin.json")
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 7, (p.returncode, out[-2000:])
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["exit_code"] == 7 and "interrupted by SIGTERM" in result["interrupted"], result
+    assert "the next `deployer up` finishes the job" in result["interrupted"]
+    assert gone(playbook, 5), "ansible-playbook outlived its deployer's SIGTERM"
+    assert took < 15, took
+    r = up(*args, *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "took over a stale lock of" in flat(r.stderr), r.stderr
+    assert "0.869" in sh(H, "cat /opt/deployer/current/argv.json") and health() == "200"
 
 
 # (role whose task is under way when the controller dies, the settings of the new release)
