@@ -217,6 +217,15 @@ def main() -> int:
                 run(out, "gpu_busy", good, budget=240)
             finally:
                 h.kill()
+        elif s == "nested":   # the drafter's aux ids only inside eagle_config (AQ-MedAI/Kimi-K25-eagle3's shape)
+            d = m / "drafter_nested"
+            if not d.exists():
+                import shutil
+                shutil.copytree(m / "drafter", d)
+                cfg = json.loads((d / "config.json").read_text())
+                cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": cfg.pop("eagle_aux_hidden_state_layer_ids")}
+                (d / "config.json").write_text(json.dumps(cfg, indent=1))
+            run(out, "nested_drafter", argv_for(str(m / "target"), str(d)), budget=300, after_ready=api_checks)
         elif s == "kimi_wrapper":
             run(out, "kimi_wrapper", argv_for(str(m / "kimi"), str(m / "drafter")), budget=300, after_ready=api_checks)
         else:

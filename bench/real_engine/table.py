@@ -28,7 +28,8 @@ def row(run: Path) -> str:
         rate = "-" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.3f}"
         acc = f"{rate} ({int(s['num_drafts'])} drafts, {int(s['num_accepted_tokens'])} accepted)" if s["present"] \
             else "absent"
-    cause = f"`{r['root_cause'][0]}`: {r['advice'][:90]}" if r["root_cause"] else "-"
+    cause = (f"`{r['root_cause'][0]}`: {(r['advice'] or r['root_cause'][1])[:110]}".replace("|", "\\|")
+             if r["root_cause"] else "-")
     ready = f"{r['ready_seconds']:.1f}" if r["ready_seconds"] else f"exit {r['returncode']}"
     cc = f.get("compile_cache", "-")
     comp = f"{cc} {f['compile_seconds']:.2f} s" if f.get("compile_seconds") is not None else cc

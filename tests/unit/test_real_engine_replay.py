@@ -141,3 +141,53 @@ def test_a_worker_killed_while_serving_is_a_silent_death_not_the_engines_words()
     said = lines[:1] + ["(EngineCore_DP0 pid=9) ERROR 12-01 12:40:59 [core.py:1] RuntimeError: CUDA error: an "
                         "illegal memory access was encountered"] + lines[1:]
     assert root_cause(said)[0] != "killed"
+
+
+# ------------------------------------------------------------------ vLLM 0.25.1 on the same H200 (2026-12-01)
+# the newest release built for the lent machine's torch 2.11 (bench/real_engine/run_on_device.sh; FlashInfer is
+# not carried there, so its sampler was off: VLLM_USE_FLASHINFER_SAMPLER=0)
+RUNS_025 = ROOT / "tests" / "fixtures" / "real-gpu" / "vllm-0.25.1-h200-bench"
+
+
+@pytest.mark.parametrize("run", ["good_cold", "good_warm", "nested_drafter"])
+def test_vllm_0_25_1_loads_through_every_phase_with_live_percentages(run):
+    r = replay(RUNS_025 / run)
+    assert r["phases"] == FULL
+    assert len(r["percents"]["graphs"]) > 20 and max(r["percents"]["graphs"]) == 100.0
+    assert r["percents"]["weights"][-1] == 100.0 and r["percents"]["drafter"][-1] == 100.0
+    assert r["ready_seconds"] and r["health"][-1]["status"] == 200 and r["api"]["chat"]["status"] == 200
+    facts = r["snapshot"]["facts"]
+    assert facts["compile_cache"] == ("hit" if run == "good_warm" else "miss") and facts["compile_passes"] == 2
+    assert facts["kv_cache_tokens"] == 8033664 and facts["engine_init_seconds"] > 0
+
+
+def test_the_drafter_check_s_version_rule_holds_on_both_real_engines():
+    """One drafter shape - aux layer ids only inside eagle_config, as AQ-MedAI/Kimi-K25-eagle3 ships them - on two
+    real releases: 0.20.0 ignored them, captured its default layers and died on the first request (bad_drafter);
+    0.25.1 read them and served (nested_drafter).  The deployer's pre-load check says the same for each."""
+    from deployer import drafter_fit as fit
+    nested = json.loads((ROOT / "tests/fixtures/real-gpu/vllm-0.25.1-h200-bench/nested_drafter/argv.json")
+                        .read_text())
+    assert "drafter_nested" in " ".join(nested)
+    target = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 6, "hidden_size": 1024,
+              "vocab_size": 4096}
+    drafter = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 1024, "num_hidden_layers": 1,
+               "vocab_size": 4096, "draft_vocab_size": 4096,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}}
+    shapes = {"fc.weight": [1024, 3072], "d2t": [4096], "t2d": [4096], "lm_head.weight": [4096, 1024]}
+    assert fit.check(target, drafter, shapes, "vllm", "0.20.0")["refusals"], "0.20.0 died with it"
+    assert replay(RUNS / "bad_drafter")["root_cause"][0] == "drafter_shape"
+    assert fit.check(target, drafter, shapes, "vllm", "0.25.1")["refusals"] == [], "0.25.1 served it"
+    assert replay(RUNS_025 / "nested_drafter")["api"]["chat"]["status"] == 200
+
+
+@pytest.mark.parametrize("run,kind,line", [
+    ("mt_prefetch", "traceback", "enable_multithread_load does not support safetensors_load_strategy='prefetch'"),
+    ("gpu_busy", "gpu_memory_in_use", "Free memory on device cuda:0 (38.77/139.8 GiB) on startup"),
+    ("sigkill_in_compile", "killed", ""),
+])
+def test_vllm_0_25_1_failures_are_named_by_their_root_cause(run, kind, line):
+    # mt_prefetch: 0.24+ refuses the multi-thread loader with prefetch when it builds the loader, after the API
+    # server was up; the verify stage now builds that loader first (tests/vllm/test_real_venv.py)
+    r = replay(RUNS_025 / run)
+    assert r["root_cause"][0] == kind and line in r["root_cause"][1], r["root_cause"]

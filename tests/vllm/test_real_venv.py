@@ -1,4 +1,5 @@
-"""vLLM 0.16.0 fully installed (cached venv): vLLM's own checks before and after the patch."""
+"""vLLM 0.16.0 fully installed (cached venv): vLLM's own checks before and after the patch; vLLM 0.33.0's
+own checks of the load settings."""
 import json
 import subprocess
 
@@ -21,6 +22,13 @@ def clone(tmp_path_factory):
     subprocess.run(["cp", "-al", str(VENV), str(d)], check=True)
     subprocess.run(["sed", "-i", f"s#{VENV}#{d}#g", str(d / "bin" / "python")], check=False)
     return d
+
+
+@pytest.fixture(scope="module")
+def clone_033(tmp_path_factory):
+    v = CACHE / "venvs" / "vllm-0.33.0"
+    need((v / ".deployer-installed").exists(), "prepared vLLM 0.33.0 venv missing (scripts/dev.sh prepares it)")
+    return v     # native: nothing is patched, the prepared venv is used as it is
 
 
 def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=False, raw_extra=(), **load):
@@ -80,6 +88,8 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
                                                    "DeepseekV2ForCausalLM": True}
     assert checks["config_validation"]["detail"]["speculative_method"] == "eagle3"
     assert checks["config_validation"]["detail"]["text_model_type"] == "deepseek_v3"
+    # 0.16.0 has no rule against this pair (0.24+ has: the 0.33.0 test below): its loader builds
+    assert checks["model_loader"]["ok"] and checks["model_loader"]["detail"]["loader"] == "DefaultModelLoader"
     # guards (issue 20, item 3): vLLM's own parser on the extra words, whatever the spelling: an abbreviation
     # (--ho is --host), a dotted sub-key merged into the speculative config; refused before any restart
     rc, checks = verify(clone, tmp_path / "sneaky", raw_extra=["--ho", "10.9.8.7",
@@ -103,3 +113,16 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
         drafter_config(), architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
     assert rc == 1 and "Eagle3Qwen2ForCausalLM" in checks["config_validation"]["error"]
     pe.revert(root)
+
+
+def test_load_settings_the_installed_release_refuses_at_the_load_are_refused_by_its_own_loader_first(clone_033, tmp_path):
+    """vLLM 0.24+ refuses the multi-thread loader with a --safetensors-load-strategy other than lazy when it builds
+    its loader, at the start of the load (recorded on an H200 with 0.25.1: tests/fixtures/real-gpu/
+    vllm-0.25.1-h200/mt_prefetch); the verify stage builds that loader from the rendered argv beforehand."""
+    mt = {"enable_multithread_load": True, "num_threads": 8}
+    rc, checks = verify(clone_033, tmp_path / "prefetch", safetensors_load_strategy="prefetch",
+                        model_loader_extra_config=mt)
+    assert rc == 1 and checks["config_validation"]["ok"] and not checks["model_loader"]["ok"], checks
+    assert ("enable_multithread_load does not support safetensors_load_strategy='prefetch'"
+            in checks["model_loader"]["error"]), checks["model_loader"]
+

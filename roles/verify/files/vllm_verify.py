@@ -156,11 +156,22 @@ def main():
             if hasattr(ns, "swap_space"):
                 ns.swap_space = 0  # CPU-platform artefact only (4 GiB x TP would exceed this machine's RAM)
             cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
+            holder["config"] = cfg
             sc = cfg.speculative_config
             return {"speculative_method": getattr(sc, "method", None),
                     "num_speculative_tokens": getattr(sc, "num_speculative_tokens", None),
                     "text_model_type": cfg.model_config.hf_text_config.model_type}
-        check("config_validation", config)
+        if check("config_validation", config):
+            def model_loader():
+                # the release's own checks of the load settings, which it makes when it builds the loader at the
+                # start of the load (after the restart): building it reads no weights and needs no GPU.  Recorded
+                # on an H200 (docs/real-engine.md): 0.24+ refuses the multi-thread loader with any
+                # --safetensors-load-strategy but lazy there, after the API server was up
+                from vllm.model_executor.model_loader import get_model_loader
+                load = holder["config"].load_config
+                return {"loader": type(get_model_loader(load)).__name__,
+                        "safetensors_load_strategy": getattr(load, "safetensors_load_strategy", None)}
+            check("model_loader", model_loader)
 
     report["seconds"] = round(time.time() - STARTED, 2)
 
