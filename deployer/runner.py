@@ -201,6 +201,9 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
            "ANSIBLE_HOST_KEY_CHECKING": "True",
            # ansible-playbook from this venv, ssh from the system: never whichever the caller's PATH finds first
            "PATH": tools.subprocess_path()}
+    # ansible-runner finds `ansible-playbook` on this PATH: the first one is the shim that binds it to us (an
+    # explicit `binary` would switch ansible-runner to its raw mode, which drops the playbook from the command)
+    env["PATH"] = os.pathsep.join([str(Path(_playbook_bound_to_us(pdd, env["PATH"])).parent), env["PATH"]])
     stop = _StopOnSignal()
     try:
         with stop:
@@ -210,7 +213,6 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
                 cmdline=" ".join(cmdline) or None, envvars=env, event_handler=handler, quiet=True,
                 verbosity=verbosity or None, suppress_env_files=False,
                 cancel_callback=stop.requested, settings={"pexpect_timeout": 1},
-                binary=_playbook_bound_to_us(pdd, env["PATH"]),
             )
         res = collect.result(r.rc, r.status)
         res.interrupted_by = stop.signum
@@ -233,11 +235,12 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 
 def _playbook_bound_to_us(pdd: str, path: str) -> str:
-    """An executable in the run's private directory that runs ansible-playbook (found on ``path``) with its
-    arguments, killed by the kernel when this process dies."""
+    """``<pdd>/bin/ansible-playbook``: runs the ansible-playbook found on ``path`` with its arguments, killed by
+    the kernel when this process dies."""
     import shlex
     real = shutil.which("ansible-playbook", path=path) or "ansible-playbook"
-    shim = Path(pdd) / "ansible-playbook-bound"
+    (Path(pdd) / "bin").mkdir(mode=0o700, exist_ok=True)
+    shim = Path(pdd) / "bin" / "ansible-playbook"
     shim.write_text("#!/bin/sh\nexec %s -c %s %d %s \"$@\"\n" % (
         shlex.quote(sys.executable), shlex.quote(_BOUND_CHILD), os.getpid(), shlex.quote(real)))
     shim.chmod(0o700)

@@ -10,7 +10,21 @@ import typer
 
 from deployer import runner
 from deployer.cli.deploy import report
-from deployer.cli.targets import Extra, Host, Inventory, Json, Key, Limit, Port, Sandbox, Target, User, die, parse_extra
+from deployer.cli.targets import (
+    Extra,
+    Host,
+    Inventory,
+    Json,
+    Key,
+    Limit,
+    Port,
+    Sandbox,
+    Target,
+    TrustNew,
+    User,
+    die,
+    parse_extra,
+)
 from deployer.output import out
 from deployer.runner import Exit
 
@@ -58,10 +72,10 @@ def _engine(r: dict) -> str:
 
 def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
              inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
-             extra: Extra = None, as_json: Json = False):
+             extra: Extra = None, as_json: Json = False, trust_new_host: TrustNew = False):
     """The releases on each host, newest first."""
     from rich.table import Table
-    data = read_hosts(Target(host, port, user, key, inventory, sandbox, limit), extra, live=False)
+    data = read_hosts(Target(host, port, user, key, inventory, sandbox, limit, trust_new_host), extra, live=False)
     if as_json:
         sys.stdout.write(json.dumps(data, default=str) + "\n")
         return
@@ -83,14 +97,14 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
 
 def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
            inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
-           extra: Extra = None, as_json: Json = False,
+           extra: Extra = None, as_json: Json = False, trust_new_host: TrustNew = False,
            rollback_if_crash_looping: Annotated[bool, typer.Option(
                "--rollback-if-crash-looping",
                help="Roll back every host whose server systemd keeps restarting (deployer_crash_loop_restarts).")]
            = False):
     """Live release, health, uptime, GPU memory in use, live EAGLE-3 acceptance, a crash loop and its last fatal
     line.  Exit 1 when not healthy (with --rollback-if-crash-looping: the rollback's exit code when one ran)."""
-    t = Target(host, port, user, key, inventory, sandbox, limit)
+    t = Target(host, port, user, key, inventory, sandbox, limit, trust_new_host)
     data = read_hosts(t, extra, live=True)
     bad = any(st.get("health") != 200 or st.get("crash_loop") for st in data.values())
     looping = sorted(h for h, st in data.items() if st.get("crash_loop") and st.get("previous"))

@@ -258,3 +258,30 @@ def test_09_a_changed_host_key_is_refused():
         kh.write_text(good)
     assert r.returncode == 5, r.stdout + r.stderr
     assert "Host key verification failed" in r.stderr or "REMOTE HOST IDENTIFICATION HAS CHANGED" in r.stderr
+
+
+def test_09b_an_unknown_host_is_refused_until_trusted_and_an_unreachable_one_is_exit_5(tmp_path):
+    """`--host` (an ad-hoc inventory): an unknown host key is refused (host key checking stays on: ansible-runner
+    would turn it off), `--trust-new-host` records it on first contact (accept-new: a changed one stays refused,
+    test_09), and a host where nothing answers is exit 5 naming it.  Read-only commands: nothing is deployed."""
+    from sandbox_helpers import deployer
+    ip = sbx.host(1).ip
+    kh = tmp_path / "known_hosts"
+    sbx.close_masters()
+    adhoc = ["--host", ip, "--key", str(sbx.STATE / "id_ed25519"),
+             "-e", f"ansible_ssh_args=-o ControlMaster=no -o UserKnownHostsFile={kh}"]   # no shared master
+    r = deployer("releases", *adhoc)
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert "Host key verification failed" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not kh.exists() or ip not in kh.read_text()
+    r = deployer("releases", *adhoc, "--trust-new-host")
+    assert r.returncode == 0, r.stdout + r.stderr
+    pub = (sbx.host(1).dir / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    import subprocess
+    assert pub in kh.read_text()
+    assert subprocess.run(["ssh-keygen", "-F", ip, "-f", str(kh)], capture_output=True).returncode == 0   # hashed
+    r = deployer("releases", *adhoc)                       # known now: no flag needed
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = deployer("releases", "--host", ip, "--port", "1", "--key", str(sbx.STATE / "id_ed25519"), "--trust-new-host")
+    assert r.returncode == 5, r.stdout + r.stderr
+    assert ip in r.stdout + r.stderr and "unreachable" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr

@@ -30,7 +30,7 @@ def alive(pid):
 def playbook_after_deployer_killed(tmp_path, how):
     """Start a fake ansible-playbook the way the deployer does (``how``: through the shim or directly), SIGKILL
     the deployer, and return (the fake's pid, whether it is still alive 3 s later)."""
-    bin_dir = tmp_path / "bin"
+    bin_dir = tmp_path / "real"
     bin_dir.mkdir()
     fake = bin_dir / "ansible-playbook"
     fake.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\nexec sleep 300\n")
@@ -67,7 +67,7 @@ def test_the_deployers_playbook_dies_with_it(tmp_path):
 
 def test_the_shim_runs_the_real_playbook_with_its_arguments(tmp_path):
     from deployer.runner import _playbook_bound_to_us
-    bin_dir = tmp_path / "bin"
+    bin_dir = tmp_path / "real"
     bin_dir.mkdir()
     fake = bin_dir / "ansible-playbook"
     fake.write_text('#!/bin/sh\nprintf "%s|" "$@"\n')
@@ -79,3 +79,17 @@ def test_the_shim_runs_the_real_playbook_with_its_arguments(tmp_path):
     # started by another process than the one that made it: it refuses (its deployer is not its parent)
     r = subprocess.run(["sh", "-c", f"{shim} x; echo rc=$?"], capture_output=True, text=True, timeout=30)
     assert "rc=137" in r.stdout, r
+
+
+def test_a_real_playbook_runs_through_the_shim_with_events(tmp_path):
+    """ansible-runner finds the shim first on PATH and stays in playbook mode: the playbook path is passed and the
+    event stream arrives (an explicit `binary` would have put it in raw mode: no playbook, no host ran)."""
+    from deployer import runner
+    pb = tmp_path / "ping.yml"     # an absolute path: runner.run joins it to playbooks/ unchanged
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.debug:\n"
+                  "        msg: hello\n")
+    events = []
+    res = runner.run(str(pb), "localhost,", {"ansible_connection": "local"}, on_event=events.append)
+    assert res.rc == 0 and res.exit_code() == runner.Exit.OK, (res, [e.get("stdout") for e in events][-5:])
+    assert "localhost" in res.processed()
+
