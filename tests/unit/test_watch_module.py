@@ -66,3 +66,34 @@ def test_a_cgroup_setup_failure_waits_for_systemds_own_restart_then_gives_up():
     r = look(ExecMainStatus="217")                                          # USER: never transient
     assert r["state"] == "crashed" and "(USER)" in r["reason"]
     assert look(SubState="failed", ActiveState="failed")["state"] == "crashed"
+
+
+def test_a_slow_health_answer_is_waited_for_as_long_as_the_engine_says():
+    """SGLang's /health generates one token once the server is up (>= 1 s, up to 20 s; http_server.py): with the
+    2 s vLLM's instant /health needs, the probe gave up and the watch saw "still loading" until its budget ran out."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from deployer import engines
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(3)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        vllm_t = engines.get("vllm").describe("")["health_timeout_seconds"]
+        sglang_t = engines.get("sglang").describe("")["health_timeout_seconds"]
+        assert vllm_watch.health(port, timeout=vllm_t) == 0          # unanswered within vLLM's 2 s
+        assert vllm_watch.health(port, timeout=sglang_t) == 200      # SGLang's: waited for
+    finally:
+        srv.shutdown()
