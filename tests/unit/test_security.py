@@ -307,3 +307,14 @@ def test_removing_a_venv_gives_back_the_uv_cache_entries_only_it_used(tmp_path):
     assert str(venvs / "old") in collected and str(cache / "only-old") in collected
     assert not (cache / "only-old").exists() and (cache / "shared" / "mod.py").read_text() == "shared"
     assert (venvs / "new" / "lib" / "shared.py").exists()
+
+
+def test_haproxy_waits_for_a_check_as_long_as_the_slowest_engines_health(tmp_path):
+    """HAProxy's check timeout is 'inter' (2 s) when unset; SGLang's /health generates a token (up to 20 s)."""
+    r = _render_haproxy(tmp_path, {"g1": {"ansible_host": "10.0.0.1"}})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "\n    timeout check 2s\n" in (tmp_path / "haproxy.cfg").read_text()
+    r = _render_haproxy(tmp_path, {"g1": {"ansible_host": "10.0.0.1"},
+                                   "g2": {"ansible_host": "10.0.0.2", "deployer_backend": "sglang"}})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "\n    timeout check 22s\n" in (tmp_path / "haproxy.cfg").read_text()
