@@ -228,7 +228,8 @@ def table(rows: list[dict], commit: str) -> str:
                    f"| {', '.join(r['spec_keys']) or '-'} | {'yes' if r['eagle3_target_check'] else 'no'} | "
                    f"{r['aux_ids']} | {r['fc_sizing']} | {r['model_runner_v2_default']} | "
                    f"{'present' if r['disable_log_requests_flag'] else 'removed'} | "
-                   f"{('lacks ' + ', '.join(r['verifier_missing'])) if r['verifier_missing'] else 'ok'} | {r['torch']} |")
+                   f"{('lacks ' + ', '.join(r['verifier_missing'])) if r['verifier_missing'] else 'ok'} | "
+                   f"{r['torch']} |")
     out += ["", "## SGLang\n", "| SGLang | capability probe (Kimi-K2.5 + EAGLE-3, Llama drafter) | aux ids | torch |",
             "|---|---|---|---|"]
     for r in rows:
@@ -239,7 +240,8 @@ def table(rows: list[dict], commit: str) -> str:
             continue
         cap = r["capability"]
         text = cap.get("refused") or ("; ".join(cap["problems"]) if cap.get("problems") else
-                                      f"serves it: Kimi-K2.5 class, EAGLE-3 hook, drafter class {cap.get('drafter_class')}")
+                                      "serves it: Kimi-K2.5 class, EAGLE-3 hook, drafter class "
+                                      f"{cap.get('drafter_class')}")
         out.append(f"| {r['version']} | {text} | {r['aux_ids']} | {r['torch']} |")
     return "\n".join(out) + "\n"
 

@@ -35,7 +35,8 @@ def main(versions):
         t0 = time.perf_counter()
         pe.revert(root)
         revert_ms = round((time.perf_counter() - t0) * 1000, 1)
-        print(f"| {v} | {', '.join(res['patches']) or 'none (native)'} | {check} | {apply_ms} | {again} | {revert_ms} |")
+        patches = ", ".join(res["patches"]) or "none (native)"
+        print(f"| {v} | {patches} | {check} | {apply_ms} | {again} | {revert_ms} |")
 
 
 if __name__ == "__main__":

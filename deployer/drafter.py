@@ -48,7 +48,8 @@ def _merge_into_cache(new: dict) -> None:
 
 def tree_manifest(src_dir: str) -> dict:
     if not src_dir:
-        raise DrafterError("deployer_drafter_src_dir is empty; expected the drafter checkpoint directory on this machine")
+        raise DrafterError("deployer_drafter_src_dir is empty; expected the drafter checkpoint directory on this "
+                           "machine")
     root = Path(os.path.expanduser(src_dir))
     if not (root / "config.json").is_file():
         raise DrafterError(f"drafter: {root}/config.json not found; expected an EAGLE-3 drafter checkpoint directory")

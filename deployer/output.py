@@ -25,8 +25,8 @@ out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty()
 
 # role -> stage name shown to the operator (the order of playbooks/up.yml)
 STAGES = {"preflight": "preflight", "vllm_install": "install", "vllm_patch": "patch", "drafter": "drafter",
-          "render": "render", "verify": "verify", "prewarm": "prewarm", "balancer": "balancer", "start": "start", "watch": "watch", "smoke": "smoke",
-          "release": "release"}
+          "render": "render", "verify": "verify", "prewarm": "prewarm", "balancer": "balancer", "start": "start",
+          "watch": "watch", "smoke": "smoke", "release": "release"}
 ROLLBACK_TASKS = "/roles/release/tasks/rollback.yml"
 QUIET_MSGS = ("All assertions passed", "All items completed")
 SET_FACT = ("ansible.builtin.set_fact", "set_fact")
@@ -180,7 +180,8 @@ class Display:
             pct_s = f" {pct:.0f}%" if pct is not None else ""
             e = eta_text(eta, overdue)
             label = "prewarm" if res.get("phase") == "prewarm" else "load"
-            self.line(f"{'':>8}[magenta]{host}[/] {label}: {title}{pct_s}{prog} [dim]{elapsed}{', ' + e if e else ''}[/]")
+            eta = ", " + e if e else ""
+            self.line(f"{'':>8}[magenta]{host}[/] {label}: {title}{pct_s}{prog} [dim]{elapsed}{eta}[/]")
 
     def _passed_phase(self, host: str, phase: str, seconds, res: dict) -> None:
         if self.as_json:

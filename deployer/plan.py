@@ -174,7 +174,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     devices = [str(d) for d in (s.get("device_allow") or [])]
     for d in devices:
         if not _DEVICE_RE.fullmatch(d):
-            raise PlanError(f"device_allow: got {d!r}, expected 'char-<name from /proc/devices> rw' or '/dev/<node> rw'")
+            raise PlanError(f"device_allow: got {d!r}, expected 'char-<name from /proc/devices> rw' or "
+                            "'/dev/<node> rw'")
 
     drafter = None
     if speculative:
@@ -221,7 +222,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "backend": backend, "engine": eng.describe(version),
         "extra_args_count": len(s.get(eng.extra_args_setting) or []),
         "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{s.get('port')}",
-        "vllm_version": version if eng.version_setting == "vllm_version" else None, "venv": venv, "python": f"{venv}/bin/python",
+        "vllm_version": version if eng.version_setting == "vllm_version" else None, "venv": venv,
+        "python": f"{venv}/bin/python",
         "credentials": credentials,
         "patch_state": "present" if patched else "absent",
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,

@@ -103,7 +103,8 @@ def timer_units(s: Schedule, deployer: str) -> dict[str, str]:
     """The timer and its service: ExecStart= words through formats.unit_word, Description= through unit_value."""
     name = f"deployer-schedule-{s.id}"
     try:
-        exec_start = " ".join(formats.unit_word(w, "schedule command word") for w in (deployer, "schedule", "run", s.id))
+        exec_start = " ".join(formats.unit_word(w, "schedule command word")
+                              for w in (deployer, "schedule", "run", s.id))
         sid, at = formats.unit_value(s.id, "schedule id"), formats.unit_value(s.at, "--at")
     except formats.FormatError as e:
         raise ScheduleError(str(e)) from e

@@ -22,7 +22,8 @@ MANAGED_FLAGS = (
     "--config", "--model",
 )
 # vLLM's LoadConfig.safetensors_load_strategy (vllm/config/load.py) and the default loader's only extra keys
-# (DefaultModelLoader.__init__: {"enable_multithread_load", "num_threads"}, vllm/model_executor/model_loader/default_loader.py)
+# (DefaultModelLoader.__init__: {"enable_multithread_load", "num_threads"},
+# vllm/model_executor/model_loader/default_loader.py)
 # "prefetch" from vLLM 0.20 (its weight_utils.py: read the shards into the page cache in the background, with
 # "Prefetching checkpoint files: N% (k/n)" progress); an older release's own parser refuses it in the verify stage
 LOAD_STRATEGIES = ("lazy", "eager", "torchao", "prefetch")

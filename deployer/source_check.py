@@ -1,7 +1,8 @@
 """Does an engine release still have what a script of ours imports from it?  Read from the release's source
 (an installed venv or its wheel), never imported: the engines' checks (roles/verify/files/*_verify.py) import the
 engine's own parser, validators and model classes, and a release that moved one fails the deploy's verify stage on
-it (vLLM 0.29 moved ``validate_parsed_serve_args``: the verify stage failed on 0.29-0.33).  Pure: ``read(relpath)`` supplies the text."""
+it (vLLM 0.29 moved ``validate_parsed_serve_args``: the verify stage failed on 0.29-0.33).  Pure: ``read(relpath)``
+supplies the text."""
 from __future__ import annotations
 
 import ast

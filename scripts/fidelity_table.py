@@ -11,11 +11,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from deployer.sandbox import sglang_standin, standin  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "deployer" / "venvs"
-RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (phase)", "eagle3": "FATAL eagle3_interface",
+RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (phase)",
+        "eagle3": "FATAL eagle3_interface",
         "model_took": "model_took", "cache_dir": "compile (phase)", "dynamo": "compile (phase)",
         "compile_miss": "compile_miss (fact compile_cache)", "compile_hit": "compile_hit (fact compile_cache)",
-        "compile_total": "compile (fact compile_seconds)", "kv_mem": "kv (phase)", "kv_size": "kv (fact kv_cache_tokens)",
-        "max_conc": "max_concurrency (phase end); 0.33: kv too", "graphs_desc": "graphs (progress)", "graphs_done": "graphs_done", "engine": "engine (phase api)",
+        "compile_total": "compile (fact compile_seconds)", "kv_mem": "kv (phase)",
+        "kv_size": "kv (fact kv_cache_tokens)", "max_conc": "max_concurrency (phase end); 0.33: kv too",
+        "graphs_desc": "graphs (progress)", "graphs_done": "graphs_done", "engine": "engine (phase api)",
         "engine_failed": "FATAL engine_dead (generic)", "init_failed": "FATAL engine_dead (generic)",
         "worker_died": "FATAL engine_dead (generic; status: last fatal)",
         "core_died": "FATAL engine_dead (generic; status: last fatal)",

@@ -37,7 +37,8 @@ WRAPPER = REPO / "roles" / "render" / "files" / "journal_lines.py"
 
 
 def launcher() -> list[str]:
-    return json.loads(os.environ.get("HARNESS_LAUNCHER") or "null") or [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    return (json.loads(os.environ.get("HARNESS_LAUNCHER") or "null")
+            or [sys.executable, "-m", "vllm.entrypoints.cli.main"])
 
 
 def argv_for(model: str, drafter: str | None = None, gmu: float = 0.6, mml: int = 4096, extra=(), **load) -> list[str]:
@@ -57,7 +58,8 @@ def http(method: str, path: str, body=None, timeout: float = 120) -> dict:
     t0 = time.time()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return {"status": r.status, "body": r.read().decode("utf-8", "replace"), "seconds": round(time.time() - t0, 3)}
+            return {"status": r.status, "body": r.read().decode("utf-8", "replace"),
+                    "seconds": round(time.time() - t0, 3)}
     except urllib.error.HTTPError as e:
         return {"status": e.code, "body": e.read().decode("utf-8", "replace"), "seconds": round(time.time() - t0, 3)}
     except Exception as e:  # noqa: BLE001 - a refused or reset connection is a measurement too

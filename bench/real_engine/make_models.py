@@ -44,7 +44,8 @@ def tokenizer(d):
     json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
                "unk_token": "<unk>", "pad_token": "<unk>", "model_max_length": 8192, "chat_template": tmpl},
               open(f"{d}/tokenizer_config.json", "w"))
-    json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, open(f"{d}/special_tokens_map.json", "w"))
+    json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+              open(f"{d}/special_tokens_map.json", "w"))
     return tok.token_to_id("<s>"), tok.token_to_id("</s>")
 
 def target(d, shards):
@@ -61,7 +62,8 @@ def target(d, shards):
            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": bos, "eos_token_id": eos,
            "attention_bias": False, "initializer_range": 0.02, "use_cache": True}
     json.dump(cfg, open(f"{d}/config.json", "w"), indent=1)
-    json.dump({"bos_token_id": bos, "eos_token_id": eos, "max_new_tokens": 64}, open(f"{d}/generation_config.json", "w"))
+    json.dump({"bos_token_id": bos, "eos_token_id": eos, "max_new_tokens": 64},
+              open(f"{d}/generation_config.json", "w"))
     t = {"model.embed_tokens.weight": w(V, H), "model.norm.weight": ones(H), "lm_head.weight": w(V, H)}
     for i in range(L):
         p = f"model.layers.{i}."
@@ -73,14 +75,17 @@ def target(d, shards):
                   p + "self_attn.kv_b_proj.weight": w(HEADS * (NOPE + VD), KVL),
                   p + "self_attn.o_proj.weight": w(H, HEADS * VD)})
         if i == 0:
-            t.update({p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H), p + "mlp.down_proj.weight": w(H, I)})
+            t.update({p + "mlp.gate_proj.weight": w(I, H), p + "mlp.up_proj.weight": w(I, H),
+                      p + "mlp.down_proj.weight": w(H, I)})
         else:
             t[p + "mlp.gate.weight"] = w(E, H)
             t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(E, dtype=torch.float32)
             for j in range(E):
                 q = p + f"mlp.experts.{j}."
-                t.update({q + "gate_proj.weight": w(MOEI, H), q + "up_proj.weight": w(MOEI, H), q + "down_proj.weight": w(H, MOEI)})
-            t.update({p + "mlp.shared_experts.gate_proj.weight": w(MOEI, H), p + "mlp.shared_experts.up_proj.weight": w(MOEI, H),
+                t.update({q + "gate_proj.weight": w(MOEI, H), q + "up_proj.weight": w(MOEI, H),
+                          q + "down_proj.weight": w(H, MOEI)})
+            t.update({p + "mlp.shared_experts.gate_proj.weight": w(MOEI, H),
+                      p + "mlp.shared_experts.up_proj.weight": w(MOEI, H),
                       p + "mlp.shared_experts.down_proj.weight": w(H, MOEI)})
     names = sorted(t)
     per = -(-len(names) // shards)

@@ -114,7 +114,8 @@ def up(
 
 
 def rollback(
-    to: Annotated[Optional[str], typer.Option("--to", help="Release id (default: the one before the live one).")] = None,
+    to: Annotated[Optional[str],
+                  typer.Option("--to", help="Release id (default: the one before the live one).")] = None,
     host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
     inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
     extra: Extra = None,

@@ -17,7 +17,8 @@ from deployer.runner import Exit
 # Secret settings: never stored in schedules, never printed; also settable from the environment.
 SECRET_ENV = {"deployer_api_key": "DEPLOYER_API_KEY", "deployer_hf_token": "DEPLOYER_HF_TOKEN"}
 
-Host = Annotated[Optional[str], typer.Option("--host", help="Host address (ad-hoc inventory of one host, root over SSH).")]
+Host = Annotated[Optional[str],
+                 typer.Option("--host", help="Host address (ad-hoc inventory of one host, root over SSH).")]
 Port = Annotated[int, typer.Option("--port", help="SSH port.")]
 User = Annotated[str, typer.Option("--user", help="SSH user.")]
 Key = Annotated[Optional[str], typer.Option("--key", help="SSH private key file.")]

@@ -87,7 +87,8 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
         for r in st.get("releases", []):   # newest first (deployer_state sorts them)
             mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
             t.add_row(mark, r["id"], _engine(r), str(r.get("patch_fingerprint") or "native")[:12],
-                      str(r.get("result") or "-"), _ts(r.get("deployed_at")), _num((r.get("downtime") or {}).get("seconds")),
+                      str(r.get("result") or "-"), _ts(r.get("deployed_at")),
+                      _num((r.get("downtime") or {}).get("seconds")),
                       _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
                       _num(r.get("acceptance_rate")), _api(r.get("api_protected")))
         out.print(t)
@@ -124,7 +125,8 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
         if st.get("crash_loop"):
             out.print(f"  [red]CRASH LOOP[/]: systemd restarted the server {unit.get('NRestarts')} times "
                       f"(limit {st.get('crash_loop_restarts')})"
-                      + (f"; last fatal ({fatal.get('kind')}): {fatal.get('line')}" if fatal else "; no fatal line logged")
+                      + (f"; last fatal ({fatal.get('kind')}): {fatal.get('line')}" if fatal
+                         else "; no fatal line logged")
                       + (f"; roll back to {st['previous']}: deployer rollback (or status --rollback-if-crash-looping)"
                          if st.get("previous") else "; no previous release to roll back to"))
         elif fatal and int(unit.get("NRestarts") or 0):

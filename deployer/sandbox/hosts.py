@@ -330,7 +330,8 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None) -> Path:
 def _add_sudo_user(upper: Path, mk, pubkey: str) -> None:
     """SANDBOX: the login user of a sudo host: passwordless sudo, the controller's key, no root login."""
     etc = upper / "etc"
-    for name, line in (("passwd", f"{SUDO_USER}:x:{SUDO_UID}:{SUDO_UID}:deployer sandbox sudo user:/home/{SUDO_USER}:/bin/bash"),
+    for name, line in (("passwd", f"{SUDO_USER}:x:{SUDO_UID}:{SUDO_UID}:deployer sandbox sudo user:"
+                                  f"/home/{SUDO_USER}:/bin/bash"),
                        ("group", f"{SUDO_USER}:x:{SUDO_UID}:"), ("shadow", f"{SUDO_USER}:*:19000:0:99999:7:::")):
         text = Path(f"/etc/{name}").read_text()
         (etc / name).write_text(text + ("" if text.endswith("\n") else "\n") + line + "\n")
@@ -401,9 +402,11 @@ def _boot(h: Host) -> None:
     """Boot the host's container on its disk (the overlay's upper layer) in its network namespace."""
     d, ns = h.dir, _netns(h)
     script = (
-        f"set -e; {tools.system('mount')} -t overlay overlay -o lowerdir=/,upperdir={d}/upper,workdir={d}/work {d}/merged; "
+        f"set -e; {tools.system('mount')} -t overlay overlay "
+        f"-o lowerdir=/,upperdir={d}/upper,workdir={d}/work {d}/merged; "
         f"exec {tools.system('systemd-nspawn')} --quiet --register=no --keep-unit --link-journal=no --console=passive "
-        f"-M {_machine(h)} -D {d}/merged --network-namespace-path=/run/netns/{ns} --bind-ro={shlex.quote(str(REPO))} --boot"
+        f"-M {_machine(h)} -D {d}/merged --network-namespace-path=/run/netns/{ns} "
+        f"--bind-ro={shlex.quote(str(REPO))} --boot"
     )
     log = open(d / "console.log", "a")
     p = subprocess.Popen([tools.system("unshare"), "--mount", "--propagation", "private", "--",

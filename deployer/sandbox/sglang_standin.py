@@ -63,7 +63,8 @@ MESSAGES = {
 FALLBACK = {k: v[1][0] for k, v in MESSAGES.items()}
 FALLBACK["eagle3"] = (" does not implement set_eagle3_layers_to_capture, which EAGLE3 aux hidden-state capture "
                       "requires.")
-FALLBACK["bar_format"] = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
+FALLBACK["bar_format"] = ("{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} "
+                          "[{elapsed}<{remaining}, {rate_fmt}]")
 SRC = base.VllmSource("sglang", MESSAGES, FALLBACK)
 ENGINE = {"warm": False, "tp_size": 1}
 DECODE_LOG_INTERVAL = 40        # srt/arg_groups/fields/observability.py: decode_log_interval's default
@@ -267,7 +268,8 @@ def make_handler(a, metrics, api_key, k):
                     % (gen, SRC.find("decode")[0], window[0], window[1]))
             body = {"id": "standin-%d" % int(time.time() * 1000), "object": "chat.completion",
                     "created": int(time.time()), "model": name,
-                    "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
                     "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": gen,
                               "total_tokens": len(prompt.split()) + gen}}
             self._send(200, json.dumps(body).encode())

@@ -107,7 +107,8 @@ FALLBACK = {
     "compile_hit": "Directly load the compiled graph(s) for compile range %s from the cache, took %.3f s",
     "compile_total": "torch.compile takes %.2f s in total", "kv_mem": "Available KV cache memory: %s GiB",
     "kv_size": "GPU KV cache size: %s tokens", "max_conc": "Maximum concurrency for %s tokens per request: %.2fx",
-    "graphs_desc": "Capturing CUDA graphs ({}, {})", "graphs_done": "Graph capturing finished in %.0f secs, took %.2f GiB",
+    "graphs_desc": "Capturing CUDA graphs ({}, {})",
+    "graphs_done": "Graph capturing finished in %.0f secs, took %.2f GiB",
     "engine": "init engine (profile, create kv cache, warmup model) took %.2f seconds",
     "engine_failed": "EngineCore failed to start.",
     "init_failed": "Engine core initialization failed. See root cause above. Failed core proc(s): ",
@@ -681,7 +682,8 @@ def main(argv):
     api.flush()
     mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
-        def die_while_serving():   # a worker dies while serving (an Xid, a segfault): vLLM's two monitor lines, then the exit
+        def die_while_serving():
+            # a worker dies while serving (an Xid, a segfault): vLLM's two monitor lines, then the exit
             log("worker_died", "VllmWorker-3", -9, who="EngineCore_DP0", level="ERROR")   # 0.33+: and its exit code
             if SRC.has("core_died"):
                 log("core_died", "EngineCore_DP0", who="APIServer", level="ERROR")

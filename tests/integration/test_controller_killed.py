@@ -185,9 +185,9 @@ def test_killed_in_a_stage_then_the_same_up_finishes_the_job(role, args):
 def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_job(tmp_path):
     """The other stages, one run each, every rerun killed in the next stage: drafter copy (a new drafter), render
     (once the release is written, before it is compared with the live one), verify (vLLM's own checks running),
-    smoke (the new server up, `current` not moved).  Each rerun takes over the lock the run before it left; the last one finishes.  Guards: nothing
-    a killed run left half-done (staging directory, a release directory without its manifest, an unverified
-    launch) is used as it is; the end state is exactly a clean deploy's."""
+    smoke (the new server up, `current` not moved).  Each rerun takes over the lock the run before it left; the
+    last one finishes.  Guards: nothing a killed run left half-done (staging directory, a release directory without
+    its manifest, an unverified launch) is used as it is; the end state is exactly a clean deploy's."""
     import shutil
 
     from deployer.sandbox import hosts as sb

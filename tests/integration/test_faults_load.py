@@ -1,4 +1,5 @@
-"""Load failures (crash, stall, budget, fatal line, dead engine) on a sandbox host: each ends with the right message, exit code and a serving host.
+"""Load failures (crash, stall, budget, fatal line, dead engine) on a sandbox host: each ends with the right message,
+exit code and a serving host.
 
 vLLM's own checks are skipped here (``verify_enabled=false``): they are tested elsewhere, and each
 case would pay ~35 s for them.  Every failure knob is tied to one argv word (``only_if_arg``), so

@@ -1,4 +1,5 @@
-"""First-deploy, smoke and rollback failures on a sandbox host: each ends with the right message, exit code and a serving host.
+"""First-deploy, smoke and rollback failures on a sandbox host: each ends with the right message, exit code and a
+serving host.
 
 vLLM's own checks are skipped here (``verify_enabled=false``): they are tested elsewhere, and each
 case would pay ~35 s for them.  Every failure knob is tied to one argv word (``only_if_arg``), so
@@ -89,7 +90,8 @@ def test_speculative_disabled_serves_without_a_drafter():
     argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
     assert "--speculative-config" not in argv
     assert stages(r.stderr, H).get("drafter") == "skipped"
-    assert "no speculation" in sh(H, f"curl -s {auth()} localhost:8000/v1/chat/completions -H 'content-type: application/json' "
+    assert "no speculation" in sh(H, f"curl -s {auth()} localhost:8000/v1/chat/completions "
+                                     "-H 'content-type: application/json' "
                                      "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'")
 
 

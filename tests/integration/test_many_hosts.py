@@ -27,7 +27,8 @@ def test_parallel_then_rolling_stops_at_broken_host():
     assert sh("sbx2", "test -e /opt/deployer/bin/uv && echo shipped || echo own") == "own"
     assert sh("sbx1", "test -x /opt/deployer/bin/uv && echo shipped || echo own") == "shipped"
     for h in HOSTS:
-        assert f"{h}: release" in r.stdout and sh(h, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
+        assert f"{h}: release" in r.stdout
+        assert sh(h, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
     before = {h: (sh(h, "readlink /opt/deployer/current"), main_pid(h)) for h in HOSTS}
 
     sb.set_knobs("sbx2", gpus={"count": 7})

@@ -188,10 +188,11 @@ def test_04c_a_disk_that_fills_up_during_the_vllm_install_gets_its_space_back():
         r = up("-e", "deployer_vllm_version=0.18.0", "-e", "preflight_venv_disk_gib=0", *FAST)
         assert r.returncode == 1, r.stdout + r.stderr
         err = flat(r.stderr)
-        assert ("install: no space left on the filesystem of /opt/deployer/venvs while installing vllm==0.18.0 (more "
-                "than the preflight asked for there in its venv disk setting, or something else filled it);") in err, err
-        assert re.search(r"\d+ bytes are free now; the partial venv /opt/deployer/venvs/vllm-0\.18\.0\S* was removed and "
-                         r"nothing uses it", err), err
+        assert ("install: no space left on the filesystem of /opt/deployer/venvs while installing vllm==0.18.0 "
+                "(more than the preflight asked for there in its venv disk setting, or something else filled "
+                "it);") in err, err
+        assert re.search(r"\d+ bytes are free now; the partial venv /opt/deployer/venvs/vllm-0\.18\.0\S* was removed "
+                         r"and nothing uses it", err), err
         assert sh(H, "ls /opt/deployer/venvs") == name                               # nothing half-done left
         assert int(sh(H, "df -B1 --output=avail /opt/deployer/venvs | tail -1")) == free   # space given back
         assert (sh(H, f"systemctl show -p InvocationID --value {SVC}"), sh(H, "readlink /opt/deployer/current")) \
@@ -364,7 +365,8 @@ def test_09_secrets_appear_nowhere_but_the_0600_env_file():
     # (searching only what changed since the test began: grepping whole vLLM venvs took > 60 s on CI;
     # the files a deploy writes, venv included, are all newer than `since`)
     files = sh(H, f"find /opt/deployer /etc /var/log /run /tmp -path {ROOT} -prune -o -type f "
-                  f"-newermt @{int(since) - 1} -print0 2>/dev/null | xargs -0 -r grep -lF -e {key} -e {token} 2>/dev/null "
+                  f"-newermt @{int(since) - 1} -print0 2>/dev/null "
+                  f"| xargs -0 -r grep -lF -e {key} -e {token} 2>/dev/null "
                   "| xargs -r stat -c '%a %U %n'").splitlines()
     # (issue 20, item 8: the live secrets dir, never a release)
     assert files and set(files) <= {"600 root /opt/deployer/secrets/server.env",

@@ -72,8 +72,8 @@ def test_plain_ansible_playbook_without_this_package():
     """The README's plain `ansible-playbook` works from a Python that has ansible-core and nothing else."""
     from deployer.sandbox import hosts as sb
     bin_ = CACHE / "venvs" / "ansible-core-only" / "bin"
-    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(__import__("pathlib").Path.home()),
-           "LANG": "C.UTF-8"}
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "HOME": str(__import__("pathlib").Path.home()), "LANG": "C.UTF-8"}
     probe = subprocess.run([str(bin_ / "python"), "-c", "import deployer"], capture_output=True, text=True, env=env,
                            cwd="/")
     assert probe.returncode != 0, "the plain-Ansible Python must not have the deployer package"

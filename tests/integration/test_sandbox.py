@@ -155,8 +155,8 @@ def test_03c_a_foreign_process_on_the_port_is_refused():
     finally:
         sh("systemctl stop foreign-8000 || true")
     assert r.returncode == 3, r.stdout + r.stderr
-    assert "port 8000: measured in use by pid" in flat(r.stderr) and "(python3); expected free or held by deployer-vllm" \
-        in flat(r.stderr), r.stderr
+    assert "port 8000: measured in use by pid" in flat(r.stderr), r.stderr
+    assert "(python3); expected free or held by deployer-vllm" in flat(r.stderr), r.stderr
     assert up().returncode == 0 and sh(f"systemctl is-active {SVC}") == "active"
 
 

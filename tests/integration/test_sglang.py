@@ -36,7 +36,7 @@ def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself(sandbox):
     assert m["backend"] == "sglang" and m["engine_version"] == "0.5.23" and m["venv"] == SG_VENV
     # the launch: SGLang's flags, EAGLE-3 chain of 3 (+1 verified), triton attention for target and drafter
     argv = m["argv"]
-    assert argv[:2] == [f"{SG_VENV}/bin/python", "/usr/local/lib/deployer-sandbox/vllm_standin.py"] and argv[2] == "serve"
+    assert argv[:3] == [f"{SG_VENV}/bin/python", "/usr/local/lib/deployer-sandbox/vllm_standin.py", "serve"]
     for flag, value in (("--speculative-algorithm", "EAGLE3"), ("--speculative-num-steps", "3"),
                         ("--speculative-num-draft-tokens", "4"), ("--attention-backend", "triton"),
                         ("--speculative-draft-attention-backend", "triton"), ("--tp-size", "8"),

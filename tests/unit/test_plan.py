@@ -101,7 +101,8 @@ def _live(**over):
                                                           "fingerprint": "fp1", "patches": ["P1"]}}})
     state = {"lock": None, "current": exp["id"], "unit_sha256": "u", "probe": {
         "venv": {"installed": True, "state": "patched", "fingerprint": "fp1", "patches": ["P1"]},
-        "drafter_complete": True, "drafter_changed": [], "live_edited": [], "live_env_sha256": "e", "live_unit_sha256": "u", "health": 200,
+        "drafter_complete": True, "drafter_changed": [], "live_edited": [], "live_env_sha256": "e",
+        "live_unit_sha256": "u", "health": 200,
         "files_sha256": {p["unit"]["line_splitter"]: planmod.line_splitter_sha256(),
                          p["secrets"]["dropin_path"]: hashlib.sha256(p["secrets"]["dropin"].encode()).hexdigest()},
         "secrets_current": True,
@@ -140,7 +141,8 @@ def test_noop_when_everything_matches():
     ({"venv": {"installed": True, "state": "unpatched"}}, "u", "e", "EAGLE-3 patches not applied (unpatched)"),
     ({"drafter_changed": ["model.safetensors (modified after it was shipped)"]}, "u", "e",
      "the drafter changed on the host after it was shipped: model.safetensors (modified after it was shipped)"),
-    ({"live_edited": ["argv.json"]}, "u", "e", "the live release's files were edited after they were rendered: argv.json"),
+    ({"live_edited": ["argv.json"]}, "u", "e",
+     "the live release's files were edited after they were rendered: argv.json"),
 ])
 def test_anything_that_differs_runs_the_full_deploy(over, unit, env, reason):
     # guards: a no-op is decided on the host's truth; each difference is named

@@ -36,13 +36,14 @@ def render_plan(tmp_path, plan, **extra):
     """The render role's unit and env file templates for ``plan``, rendered by Ansible itself (a local run)."""
     vars_ = dict(render_plan=plan, render_patch={"fingerprint": "f00", "patches": ["P1", "P2", "P3", "P4", "P5"]},
                  __render_id="r0123456789a", __render_dir="/opt/deployer/releases/r0123456789a",
-                 deployer_api_key=extra.get("deployer_api_key", ""), deployer_hf_token=extra.get("deployer_hf_token", ""),
+                 deployer_api_key=extra.get("deployer_api_key", ""),
+                 deployer_hf_token=extra.get("deployer_hf_token", ""),
                  ansible_managed="Managed by deployer; local edits are overwritten.")
     (tmp_path / "vars.json").write_text(json.dumps(vars_))
     pb = [{"hosts": "localhost", "gather_facts": False, "connection": "local", "tasks": [
         # as roles/render does: the template lookup on this controller, its text handed to the host's release_render
-        {"ansible.builtin.copy": {"content": "{{ lookup('ansible.builtin.template', '%s') }}" % (ROOT / f"templates/{t}.j2"),
-                                  "dest": str(tmp_path / t)}}
+        {"ansible.builtin.copy": {"content": "{{ lookup('ansible.builtin.template', '%s') }}"
+                                             % (ROOT / f"templates/{t}.j2"), "dest": str(tmp_path / t)}}
         for t in ("vllm.service", "vllm.env")]}]
     (tmp_path / "pb.yml").write_text(yaml.safe_dump(pb))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LOCALHOST_WARNING="False",

@@ -36,7 +36,8 @@ def test_report_reads_only_the_result(capsys):
     # check mode never says "deployed"
     assert deploy.report(result([], facts={"h1": {"deployer_result": dict(r, release_was_live=False,
                                                                           check_mode=True)}}), False, "up") == 0
-    assert "h1: release abc123 would be deployed (check mode: nothing changed)" in " ".join(capsys.readouterr().out.split())
+    said = " ".join(capsys.readouterr().out.split())
+    assert "h1: release abc123 would be deployed (check mode: nothing changed)" in said
     assert deploy.report(result([], facts={"h1": {"deployer_result": dict(r, restarted=True)}}), True, "up") == 0
     line = json.loads(capsys.readouterr().out)
     assert line["event"] == "result" and line["ok"] and line["hosts"]["h1"]["release"] == "abc123"

@@ -74,7 +74,8 @@ def test_ansible_playbooks_own_error_is_kept_not_reported_as_no_host_matched():
                  "    raw: y"]:
         c({"event": "verbose", "stdout": red(line)})
     r = c.result(rc=4, status="failed")
-    assert r.errors[0].startswith("[ERROR]: YAML parsing failed") and "Origin: /repo/playbooks/up.yml:119:49" in r.errors
+    assert r.errors[0].startswith("[ERROR]: YAML parsing failed")
+    assert "Origin: /repo/playbooks/up.yml:119:49" in r.errors
     assert r.errors[2:] == ["119         - name: Wait (refused: nothing)", "For example:", "    raw: x", "Should be:",
                             "    raw: y"]   # blank lines dropped, colour codes stripped, the warning before not kept
     assert r.exit_code() == runner.Exit.USAGE and r.refusal() == r.errors     # nothing ran, nothing changed

@@ -102,7 +102,8 @@ def test_haproxy_config_drops_root_and_refuses_a_value_that_would_add_a_line(tmp
     assert r.returncode == 0, r.stdout + r.stderr
     cfg = (tmp_path / "haproxy.cfg").read_text()
     glob = cfg.split("\ndefaults")[0]
-    assert "\n    user haproxy\n" in glob and "\n    group haproxy\n" in glob and "\n    chroot /var/lib/haproxy\n" in glob
+    assert "\n    user haproxy\n" in glob and "\n    group haproxy\n" in glob
+    assert "\n    chroot /var/lib/haproxy\n" in glob
     r = _render_haproxy(tmp_path, {"g1": {"ansible_host": "10.0.0.1\n    server evil 203.0.113.9:80 check"}})
     assert r.returncode != 0 and "U+000A" in r.stdout + r.stderr
 

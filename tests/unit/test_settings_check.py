@@ -58,7 +58,8 @@ def test_values_of_the_wrong_type_or_outside_the_choices_are_named_with_what_is_
         "deployer_gpu_memory_utilization: got 'lots'; expected float",
         "deployer_port: got 'http'; expected int",
         "deployer_safetensors_load_strategy: got 'fast'; expected str; allowed: '', 'lazy', 'eager', 'torchao'"]
-    assert invalid({"deployer_gpu_memory_utilization": 0.9, "deployer_port": "8000"}) == []   # converted as Ansible does
+    # converted as Ansible does
+    assert invalid({"deployer_gpu_memory_utilization": 0.9, "deployer_port": "8000"}) == []
 
 
 def test_an_argument_spec_failure_from_the_inventory_is_a_refusal_not_a_failed_deploy():

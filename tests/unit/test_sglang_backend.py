@@ -78,7 +78,8 @@ def test_versions_that_cannot_serve_kimi_k25_with_eagle3_are_refused_by_the_plan
                        dict(MANIFEST, architecture=arch))
 
 
-@pytest.mark.parametrize("version, arch", [("0.5.10", "LlamaForCausalLMEagle3"), ("0.5.12", "Eagle3DeepseekV2ForCausalLM"),
+@pytest.mark.parametrize("version, arch", [("0.5.10", "LlamaForCausalLMEagle3"),
+                                           ("0.5.12", "Eagle3DeepseekV2ForCausalLM"),
                                            ("0.5.23", "Eagle3DeepseekV2ForCausalLM")])
 def test_versions_that_can_are_planned(version, arch):
     assert plan.make_plan(dict(BASE, backend="sglang", sglang_version=version), dict(MANIFEST, architecture=arch))
@@ -254,7 +255,8 @@ def test_sglang_acceptance_comes_from_its_counters_on_a_fresh_server():
     d = spec_decode_delta(spec_decode_stats("", 3), s)
     assert d["drafts"] == 11 and d["acceptance_rate"] == round(20 / 33, 4)
     # a second request: the rates over it alone
-    later = spec_decode_stats(SG_FRESH.replace("} 32.0", "} 57.0").replace("} 1.0", "} 2.0").replace("} 11.0", "} 19.0"), 3)
+    later = spec_decode_stats(SG_FRESH.replace("} 32.0", "} 57.0").replace("} 1.0", "} 2.0")
+                              .replace("} 11.0", "} 19.0"), 3)
     d = spec_decode_delta(s, later)
     assert d["drafts"] == 8 and d["acceptance_rate"] == round((25 - 1 - 8) / 24, 4)
     # without the drafts per step only the length is known; the gauges (0 here) are not taken for a rate

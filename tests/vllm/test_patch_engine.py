@@ -46,7 +46,8 @@ def assert_p1_to_p5(root):
     k = ast.parse((root / pe.F_K25).read_text())
     kc = cls(k, "KimiK25ForConditionalGeneration")
     assert {"SupportsEagle", "SupportsEagle3"} <= set(bases(kc))                                # P3
-    assert "self.language_model.set_aux_hidden_state_layers(layers)" in ast.unparse(meth(kc, "set_aux_hidden_state_layers"))
+    assert "self.language_model.set_aux_hidden_state_layers(layers)" in ast.unparse(
+        meth(kc, "set_aux_hidden_state_layers"))
     assert "self.language_model.get_eagle3_aux_hidden_state_layers()" in ast.unparse(
         meth(kc, "get_eagle3_aux_hidden_state_layers"))
     spec = ast.parse((root / pe.F_SPEC).read_text())                                            # P4

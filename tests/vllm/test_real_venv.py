@@ -115,7 +115,8 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
     pe.revert(root)
 
 
-def test_load_settings_the_installed_release_refuses_at_the_load_are_refused_by_its_own_loader_first(clone_033, tmp_path):
+def test_load_settings_the_installed_release_refuses_at_the_load_are_refused_by_its_own_loader_first(clone_033,
+                                                                                                    tmp_path):
     """vLLM 0.24+ refuses the multi-thread loader with a --safetensors-load-strategy other than lazy when it builds
     its loader, at the start of the load (recorded on an H200 with 0.25.1: tests/fixtures/real-gpu/
     vllm-0.25.1-h200/mt_prefetch); the verify stage builds that loader from the rendered argv beforehand."""

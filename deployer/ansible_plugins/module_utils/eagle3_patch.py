@@ -234,8 +234,8 @@ def _edit_p1(src, init, fwd):
         and _is_self_attr(n.iter.args[0], "layers")
     ]
     if len(loops) != 1:
-        raise PatchError("%s: DeepseekV2Model.forward: expected one 'for ... in islice(self.layers, ...)' loop, found %d"
-                         % (src.rel, len(loops)))
+        raise PatchError("%s: DeepseekV2Model.forward: expected one 'for ... in islice(self.layers, ...)' loop, "
+                         "found %d" % (src.rel, len(loops)))
     loop = loops[0]
     ind = src.indent_of(loop)
     body_ind = src.indent_of(loop.body[0])
@@ -311,7 +311,8 @@ def _allow_list_missing(node):
 
 
 def _find_p5_if(src):
-    """The ``if``/``elif`` whose ``else`` is ``self.model.config.image_token_index = target_model.config.image_token_index``."""
+    """The ``if``/``elif`` whose ``else`` is
+    ``self.model.config.image_token_index = target_model.config.image_token_index``."""
     for node in ast.walk(src.tree):
         if isinstance(node, ast.If) and len(node.orelse) == 1 and isinstance(node.orelse[0], ast.Assign):
             a = node.orelse[0]
@@ -618,12 +619,14 @@ def apply(root, check_mode=False):
     plan = plan_from_sources(root)
     if plan.is_native:
         return _result(False, plan.version, [], None, "",
-                       "native support in vLLM %s (%s present), nothing to patch" % (plan.version, ", ".join(plan.native)))
+                       "native support in vLLM %s (%s present), nothing to patch"
+                       % (plan.version, ", ".join(plan.native)))
     diff = plan.diff()
     fp = plan.fingerprint()
     msg = "patched vLLM %s: %s" % (plan.version, ", ".join(plan.needed))
     if check_mode:
-        return _result(True, plan.version, plan.needed, fp, diff, "would patch vLLM %s: %s" % (plan.version, ", ".join(plan.needed)))
+        return _result(True, plan.version, plan.needed, fp, diff,
+                       "would patch vLLM %s: %s" % (plan.version, ", ".join(plan.needed)))
 
     state = _state(root)
     # 1. keep originals and the patched copies, then the manifest (state "applying")

@@ -168,9 +168,9 @@ def relink(link, target, check_mode=False):
     return True
 
 
-SUMMARY_KEYS = ("id", "backend", "engine_version", "vllm_version", "patch_fingerprint", "drafter_tree_sha256", "result", "deployed_at",
-                "created_at", "user", "controller", "phase_seconds", "load_seconds", "acceptance_rate",
-                "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",
+SUMMARY_KEYS = ("id", "backend", "engine_version", "vllm_version", "patch_fingerprint", "drafter_tree_sha256",
+                "result", "deployed_at", "created_at", "user", "controller", "phase_seconds", "load_seconds",
+                "acceptance_rate", "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",
                 "api_protected", "service_user", "downtime", "prewarm")
 
 
@@ -488,7 +488,8 @@ def host_state(root, service, target=None, want_secrets=False):
             out["target"] = {"id": tid, "found": False, "missing": [], "edited": [], "dir": None,
                              "invalid": "expected a release id (letters, digits, - and _), got %r" % tid}
             return out
-        t = {"id": tid, "found": False, "missing": [], "edited": [], "dir": os.path.join(rels_dir, tid) if tid else None}
+        t = {"id": tid, "found": False, "missing": [], "edited": [],
+             "dir": os.path.join(rels_dir, tid) if tid else None}
         if tid and os.path.isfile(os.path.join(rels_dir, tid, "release.json")):
             m = read_release(t["dir"])
             t.update(found=True, manifest=m, missing=[p for p in release_needs(m) if not os.path.exists(p)],

@@ -47,7 +47,8 @@ RX = {
     "mt_shards": re.compile(r"Multi-thread loading shards:\s+(\d+)% Completed \| (\d+)/(\d+)"),
     "api": re.compile(r"Starting vLLM (?:API )?server"),
     "ready": re.compile(r"Application startup complete"),
-    "spec": re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?Avg Draft acceptance rate: ([\d.]+)%"),
+    "spec": re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?"
+                       r"Avg Draft acceptance rate: ([\d.]+)%"),
     # SGLang (sglang/srt: model_executor/model_runner.py, mem_cache/memory_pool.py,
     # model_executor/model_runner_components/cuda_graph_setup.py, entrypoints/http_server.py,
     # managers/scheduler_components/metrics_reporter.py); docs/backends.md lists each line
@@ -57,7 +58,8 @@ RX = {
     "sg_kv": re.compile(r"KV Cache is allocated\. (?:dtype: [^,]+, )?#tokens: (\d+), "
                         r"(?:KV size: ([\d.]+) GB|K size: ([\d.]+) GB, V size: ([\d.]+) GB)?"),
     # 0.5.23's target end line: "... CUDA graph end. bs=[1, 2, 4], elapsed=0.60 s, ..."; the drafter's: "end. elapsed="
-    "sg_graphs": re.compile(r"Capture (.*?) (?:cuda|CUDA) graph (begin|end)\.(?: bs=\[[^\]]*\],)?(?: elapsed=([\d.]+) s)?"),
+    "sg_graphs": re.compile(r"Capture (.*?) (?:cuda|CUDA) graph (begin|end)\."
+                            r"(?: bs=\[[^\]]*\],)?(?: elapsed=([\d.]+) s)?"),
     "sg_ready": re.compile(r"The server is fired up and ready to roll!"),
     "sg_spec": re.compile(r"Decode batch.*?accept len: ([\d.]+), accept rate: ([\d.]+)"),
 }
@@ -79,8 +81,10 @@ FATAL = (
     ("kv_cache_too_small", re.compile(r"KV cache is needed, which is larger than the available KV cache memory|"
                                       r"No available memory for the cache blocks")),
     ("checkpoint_corrupt", re.compile(r"SafetensorError: Error while deserializing header|"
-                                      r"incomplete metadata, file not fully covered|HeaderTooLarge|MetadataIncompleteBuffer")),
-    ("gpu_memory_in_use", re.compile(r"Free memory on device .* on startup is less than desired GPU memory utilization")),
+                                      r"incomplete metadata, file not fully covered|HeaderTooLarge|"
+                                      r"MetadataIncompleteBuffer")),
+    ("gpu_memory_in_use", re.compile(r"Free memory on device .* on startup is less than desired "
+                                     r"GPU memory utilization")),
     ("drafter_shape", re.compile(r"mat1 and mat2 shapes cannot be multiplied")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
@@ -203,7 +207,8 @@ def split_lines(text):
 def strip_prefix(line):
     """Drop ``(Worker_TP0 pid=1)``-style prefixes and the ``INFO MM-DD HH:MM:SS [file.py:N]`` header."""
     line = _PREFIX.sub("", line.strip())
-    line = re.sub(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\]\s*", "", line)
+    line = re.sub(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+                  r"\[[^\]]*\]\s*", "", line)
     return line
 
 

@@ -117,7 +117,8 @@ def main():
         want = p["state"]
         if want == "drain" and before == "ready" and others_ready(rows, p["server"], p["also_leaving"]) == 0:
             module.fail_json(msg="balancer: draining %s would leave no server ready in backend %s (measured: %s); "
-                             "expected at least one other ready server (roll with --serial smaller than the serving hosts)" % (
+                             "expected at least one other ready server "
+                             "(roll with --serial smaller than the serving hosts)" % (
                                  p["server"], p["backend"],
                                  ", ".join("%s %s" % (n, state_word(r["status"])) for n, r in sorted(rows.items()))),
                              servers=view(rows))

@@ -37,8 +37,8 @@ options:
   probe:
     description:
       - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
-        and port (keys C(venv), C(drafter_dir), C(port), C(host) - the address to ask); key C(files), a list of paths, adds their
-        sha256 (C(files_sha256), null for a missing file); with key C(live) true also the server's
+        and port (keys C(venv), C(drafter_dir), C(port), C(host) - the address to ask); key C(files), a list
+        of paths, adds their sha256 (C(files_sha256), null for a missing file); with key C(live) true also the server's
         C(metrics) text and C(gpu_memory_used_mib).
     type: dict
 attributes:

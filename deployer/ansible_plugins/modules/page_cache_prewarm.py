@@ -205,7 +205,8 @@ def main():
                     % (total / 2.0 ** 30, avail / 2.0 ** 30, p["reserve_gib"]), **res)
     if m.check_mode:
         m.exit_json(state="skipped", done_bytes=0, percent=0.0, seconds=0.0,
-                    note="check mode: would read %.1f GiB (MemAvailable %.1f GiB)" % (total / 2.0 ** 30, avail / 2.0 ** 30),
+                    note="check mode: would read %.1f GiB (MemAvailable %.1f GiB)"
+                    % (total / 2.0 ** 30, avail / 2.0 ** 30),
                     **res)
     offsets = st["offsets"]
     todo = [(f, s) for f, s, _t in files if offsets.get(f, 0) < s]

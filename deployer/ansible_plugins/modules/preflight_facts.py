@@ -93,7 +93,8 @@ shards_present:
   type: list
   elements: str
 shard_check:
-  description: The listed shards against their own headers (bad, checked, tensor_bytes); checked 0 when a shard is missing.
+  description: The listed shards against their own headers (bad, checked, tensor_bytes); checked 0 when a shard
+    is missing.
   returned: with model_dir
   type: dict
 port_holders:
@@ -150,7 +151,8 @@ import subprocess
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.safetensors_header import check_shards
 
-SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap", "--format=csv,noheader"]
+SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap",
+             "--format=csv,noheader"]
 # what the server reads from the checkpoint directory (and the directory itself, '.')
 CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.py", "*.model", "*.tiktoken")
 READABLE_AS_USER = ('for f in . *.json *.safetensors *.py *.model *.tiktoken; do '

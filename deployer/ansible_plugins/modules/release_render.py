@@ -154,8 +154,9 @@ def main():
         r = subprocess.run(["systemd-analyze", "verify", unit_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            universal_newlines=True)
         if r.returncode != 0:
-            m.fail_json(msg="render: systemd-analyze verify refused %s (exit %d; nothing was installed or restarted): %s"
-                        % (unit_file, r.returncode, (r.stderr + " " + r.stdout).strip()), written=written)
+            m.fail_json(msg="render: systemd-analyze verify refused %s (exit %d; nothing was installed or "
+                        "restarted): %s" % (unit_file, r.returncode, (r.stderr + " " + r.stdout).strip()),
+                        written=written)
     if p["checksums"] and not m.check_mode:
         sums = "".join("%s  %s\n" % (hashlib.sha256(contents[n]).hexdigest(), n) for n in p["checksums"])
         path = os.path.join(d, ".deployer-sha256sums")

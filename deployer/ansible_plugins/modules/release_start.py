@@ -93,7 +93,8 @@ secrets_changed:
   returned: always
   type: bool
 old_server:
-  description: Whether the old server answered /health just before the restart (ok) and when (at, epoch seconds on the host); null without a restart.
+  description: Whether the old server answered /health just before the restart (ok) and when (at, epoch seconds
+    on the host); null without a restart.
   returned: always
   type: dict
 """
@@ -167,7 +168,8 @@ def main():
                restarted=restart or start, unit_changed=unit_changed, dropin_changed=dropin_changed,
                secrets_changed=secrets_changed, old_server=None)
     if m._diff and unit_changed:
-        res["diff"] = {"before": old or "", "after": new, "before_header": p["unit_path"], "after_header": p["unit_src"]}
+        res["diff"] = {"before": old or "", "after": new, "before_header": p["unit_path"],
+                       "after_header": p["unit_src"]}
     if m.check_mode:
         m.exit_json(**res)
     if new_secrets:

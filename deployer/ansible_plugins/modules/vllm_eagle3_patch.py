@@ -57,7 +57,8 @@ patches:
   type: list
   sample: [P1, P2, P3, P4, P5]
 fingerprint:
-  description: Hash of the patch set as applied (engine version, patch ids, pristine and patched file hashes); null when native.
+  description: Hash of the patch set as applied (engine version, patch ids, pristine and patched file hashes);
+    null when native.
   returned: always
   type: str
   sample: 75a1a42a725bbbc8

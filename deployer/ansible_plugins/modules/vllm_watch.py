@@ -262,11 +262,13 @@ def look(module, p):
     since = snap["seconds_since_progress"] if snap["seconds_since_progress"] is not None else elapsed
     if limit and since > limit:
         res.update(state="stalled", tail=tail,
-                   reason="no progress for %.0f s in phase '%s' (stall limit %.0f s)" % (since, snap["phase_title"], limit))
+                   reason="no progress for %.0f s in phase '%s' (stall limit %.0f s)"
+                   % (since, snap["phase_title"], limit))
         return res
     if elapsed > p["budget_seconds"]:
         res.update(state="timeout", tail=tail,
-                   reason="not ready after %.0f s (budget %d s), last phase '%s'" % (elapsed, p["budget_seconds"], snap["phase_title"]))
+                   reason="not ready after %.0f s (budget %d s), last phase '%s'"
+                   % (elapsed, p["budget_seconds"], snap["phase_title"]))
         return res
     res.update(state="loading", health=code)
     return res
