@@ -249,11 +249,13 @@ def _playbook_bound_to_us(pdd: str, path: str) -> str:
 
 class _StopOnSignal:
     """While the playbook runs: SIGINT, SIGTERM and SIGHUP ask ansible-runner to stop it (its cancel_callback,
-    checked at least once a second: ``pexpect_timeout``), which kills the playbook's process group, instead of
-    ending this process and leaving ansible-playbook running on in its own session (ansible-runner starts it with
-    pexpect): a deploy nobody watches any more, whose lock outlives the operator's Ctrl-C or cron's ``timeout``.
-    What the host is left with is what a controller that died there leaves, which the next ``up`` finishes
-    (tests/integration/test_controller_killed.py).  Only in the main thread (Python's rule for handlers)."""
+    checked at least once a second: ``pexpect_timeout``), which kills the playbook's process group, and the run
+    says so (exit 7, ``interrupted``).  Before, ansible-runner's own handler (SIGINT and SIGTERM only, installed
+    for good: ``utils.signal_handler``) cancelled it and the result came back as "no host matched (check the
+    inventory...)", exit 2; SIGHUP (a closed terminal) ended this process and left ansible-playbook running on in
+    its own session.  What the host is left with is what a controller that died there leaves, which the next
+    ``up`` finishes (tests/integration/test_controller_killed.py).  Only in the main thread (Python's rule for
+    handlers)."""
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
