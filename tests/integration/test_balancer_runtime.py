@@ -54,8 +54,11 @@ def haproxy(tmp_path):
     s1, s2 = backend_server("s1"), backend_server("s2")
     port, sock = free_port(), str(tmp_path / "admin.sock")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles/balancer/templates")))
+    from ansible.plugins.filter.core import FilterModule as AnsibleCore
+
     from deployer.ansible_plugins.filter_plugins.deployer_filters import FilterModule
-    env.filters.update(FilterModule().filters())      # the role's own filters (haproxy_word), as Ansible has them
+    env.filters.update(AnsibleCore().filters())       # Ansible's own (extract), then the role's (haproxy_word)
+    env.filters.update(FilterModule().filters())
     cfg = env.get_template("haproxy.cfg.j2").render(
         ansible_managed="test", balancer_socket=sock, balancer_port=port, balancer_backend="llm",
         balancer_timeout_connect_seconds=2, balancer_timeout_client_seconds=30, balancer_timeout_server_seconds=30,
