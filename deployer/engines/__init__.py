@@ -4,9 +4,8 @@ The plan (``deployer/plan.py``) asks the registered engine for what differs betw
 argv, environment, secrets, version rules, the GPU rules, where it reads a drafter's aux layers - and puts
 ``Engine.describe()`` into ``plan["engine"]``.  Roles and playbooks read ``plan.engine.*`` (``verifier``,
 ``patchable``, ``capability_probe``, ``log_rules``, ``drafts_metric``, ``health_timeout_seconds``) and never
-compare engine names: a test
-enforces it (``tests/unit/test_engines.py``).  An engine is registered by name, as SkyPilot registers its
-load-balancing policies: ``@register`` on a subclass of ``Engine``.
+compare engine names: a test enforces it (``tests/unit/test_engines.py``).  An engine is registered by name, as
+SkyPilot registers its load-balancing policies: ``@register`` on a subclass of ``Engine``.
 
 How to add an engine (docs/design.md, "Adding an engine"): a module here with an ``Engine`` subclass and
 ``@register``; its argv builder (one place per engine, like ``deployer/serve.py``); its verifier
