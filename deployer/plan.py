@@ -116,6 +116,13 @@ def _a(word: str) -> str:
     return ("an " if word[:1] in "aeiou" else "a ") + word
 
 
+def deploy_dirs(root: str) -> dict:
+    """The deploy root's layout (plan field ``dirs``)."""
+    return {"root": root, "releases": f"{root}/releases", "current": f"{root}/current",
+            "previous": f"{root}/previous", "drafters": f"{root}/drafters", "bin": f"{root}/bin",
+            "cache": f"{root}/cache", "server_cache": f"{root}/cache/server", "secrets": f"{root}/secrets"}
+
+
 def _need(s: dict, key: str) -> Any:
     if key not in s:
         raise PlanError(f"plan: setting {key!r} missing")
@@ -154,9 +161,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         raise PlanError(f"service_name: got {service!r}, expected a unit name without .service: a letter or digit "
                         "then up to 63 of [A-Za-z0-9_-] (it becomes a file name and a shell word)")
     speculative = bool(s.get("speculative_enabled", True))
-    dirs = {"root": root, "releases": f"{root}/releases", "current": f"{root}/current",
-            "previous": f"{root}/previous", "drafters": f"{root}/drafters", "bin": f"{root}/bin",
-            "cache": f"{root}/cache", "server_cache": f"{root}/cache/server", "secrets": f"{root}/secrets"}
+    dirs = deploy_dirs(root)
     user = str(s.get("service_user") or "vllm")
     if not _USER_RE.fullmatch(user) or user == "root":
         raise PlanError(f"service_user: got {user!r}, expected a system user name other than root "
@@ -171,12 +176,6 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     for p in writable:
         if not re.fullmatch(r"-?/[^\s\0]*", p) or ".." in p.split("/") or formats.control_char(p):
             raise PlanError(f"writable_paths: got {p!r}, expected absolute paths (a leading '-' means optional)")
-    devices = [str(d) for d in (s.get("device_allow") or [])]
-    for d in devices:
-        if not _DEVICE_RE.fullmatch(d):
-            raise PlanError(f"device_allow: got {d!r}, expected 'char-<name from /proc/devices> rw' or "
-                            "'/dev/<node> rw'")
-
     drafter = None
     if speculative:
         if not drafter_manifest or not drafter_manifest.get("tree_sha256"):
@@ -218,7 +217,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     wrapper = line_splitter_path(dirs["bin"]) if line_splitter else None
 
     probe = probe_host(bind)
-    return {
+    return with_devices({
         "backend": backend, "engine": eng.describe(version),
         "extra_args_count": len(s.get(eng.extra_args_setting) or []),
         "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{s.get('port')}",
@@ -227,7 +226,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "credentials": credentials,
         "patch_state": "present" if patched else "absent",
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,
-        "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": devices,
+        "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": [],
                  "line_splitter": wrapper},
         "api_protected": api_protected,
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
@@ -238,9 +237,22 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "release_inputs": {"argv": argv, "engine": backend, "version": version,
                            "drafter": drafter["tree_sha256"] if drafter else None,
                            "env": env, "restart_delay": restart_delay,
-                           "user": user, "writable": writable, "devices": devices, "templates": templates_hash(),
+                           "user": user, "writable": writable, "devices": [], "templates": templates_hash(),
                            "line_splitter": wrapper},
-    }
+    }, s.get("device_allow"))
+
+
+def with_devices(the_plan: dict, device_allow: list | None) -> dict:
+    """The plan bound to what the host measured: the device classes its unit may open (``DeviceAllow=``, a release
+    input).  The only part of a plan that depends on a host read, so a run makes the plan once (the no-op check,
+    before the lock) and binds it to each read (the no-op's, preflight's under the lock)."""
+    devices = [str(d) for d in (device_allow or [])]
+    for d in devices:
+        if not _DEVICE_RE.fullmatch(d):
+            raise PlanError(f"device_allow: got {d!r}, expected 'char-<name from /proc/devices> rw' or "
+                            "'/dev/<node> rw'")
+    return dict(the_plan, unit=dict(the_plan["unit"], device_allow=devices),
+                release_inputs=dict(the_plan["release_inputs"], devices=devices))
 
 
 def common_spec(s: dict, venv: str, program: str) -> dict:
@@ -266,6 +278,38 @@ def live_secrets(dirs: dict, service: str) -> dict:
             "dropin_path": f"/etc/systemd/system/{service}.service.d/deployer-secrets.conf",
             "dropin": ("# Managed by deployer: the live secrets, for whatever release runs (docs/security.md).\n"
                        f"[Service]\nEnvironmentFile={env_file}\n")}
+
+
+def release_plan(manifest: dict | None, settings: dict) -> dict:
+    """The plan of a release that is already on the host, from its recorded manifest (``release.json``): a
+    rollback target, the live release a failed deploy goes back to, the unit a ``deployer watch`` follows.  What the
+    start, watch and smoke stages read, as ``make_plan`` names it; the operator's settings fill only what an older
+    manifest did not record (port, model, served name).  The engine is the one the release ran (a rollback may
+    cross engines), and so are its drafts per verify step (the smoke's acceptance rate)."""
+    from deployer.ansible_plugins.module_utils.releases import probe_host_of
+    m = dict(manifest or {})
+    s = dict(settings)
+    root = str(_need(s, "root")).rstrip("/")
+    service = str(_need(s, "service_name"))
+    try:
+        eng = engines.get(m.get("backend") or "vllm")
+    except engines.EngineError as e:
+        raise PlanError(f"release {m.get('id', '?')}: {e}") from e
+    argv = [str(a) for a in (m.get("argv") or [])]
+    speculative, per_step = eng.speculative_of(argv)      # what the unit starts, whatever else was recorded
+    probe = probe_host_of(argv)
+    port = m.get("port", s.get("port"))
+    dirs = deploy_dirs(root)
+    return {
+        "backend": eng.name, "engine": eng.describe(str(m.get("engine_version") or m.get("vllm_version") or "")),
+        "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "port": port,
+        "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{port}",
+        "secrets": live_secrets(dirs, service), "dirs": dirs,
+        "served_model_name": m.get("served_model_name", s.get("served_model_name")),
+        "model_dir": m.get("model_dir", s.get("model_dir")), "venv": m.get("venv") or "",
+        "speculative": speculative, "draft_tokens_per_step": per_step if speculative else 0,
+        "drafter": {"dir": m["drafter_dir"]} if m.get("drafter_dir") else None,
+    }
 
 
 def secret_files(api_key: str, hf_token: str) -> dict:

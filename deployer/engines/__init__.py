@@ -70,6 +70,12 @@ class Engine:
         """The drafts one verify step proposes (the smoke test's acceptance rate is accepted / proposed)."""
         return int(s.get("num_speculative_tokens", 3))
 
+    def speculative_of(self, argv: list[str]) -> tuple[bool, int]:
+        """(EAGLE-3 on, drafts per verify step) as a recorded release's argv says (a rollback target's plan:
+        ``plan.release_plan``); the inverse of what ``argv`` renders for ``speculative`` and
+        ``draft_tokens_per_step``."""
+        return False, 0
+
     def aux_layers(self, drafter_cfg: dict, num_layers: int, version: str = "") -> tuple[list[int], str]:
         """The target layers this release captures for an EAGLE-3 drafter, and where it took them from."""
         return [2, num_layers // 2, num_layers - 3], "the target's default (2, L//2, L-3)"
@@ -115,6 +121,19 @@ def names() -> list[str]:
 def describe(name: str) -> dict:
     """``plan.engine`` for a release recorded with only its engine's name (a rollback target's manifest)."""
     return get(name or "vllm").describe("")
+
+
+def argv_value(argv: list[str], *flags: str) -> str | None:
+    """The value of the last of ``flags`` in an argv (``--flag value`` or ``--flag=value``), None when absent."""
+    argv = [str(a) for a in (argv or [])]
+    got = None
+    for i, a in enumerate(argv):
+        for f in flags:
+            if a == f and i + 1 < len(argv):
+                got = argv[i + 1]
+            elif a.startswith(f + "="):
+                got = a.split("=", 1)[1]
+    return got
 
 
 def engine_of_unit(unit_text: str) -> str:

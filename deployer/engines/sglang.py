@@ -3,7 +3,7 @@ built in ``deployer/serve_sglang.py`` (nowhere else); its own checks are ``roles
 from __future__ import annotations
 
 from deployer import serve_sglang
-from deployer.engines import Engine, EngineError, register
+from deployer.engines import Engine, EngineError, argv_value, register
 
 
 @register
@@ -53,6 +53,14 @@ class SGLang(Engine):
         # SGLang verifies speculative_num_draft_tokens per step, the first of them the last accepted token
         # (tokenizer_manager.py: proposed = verify steps x (num_draft_tokens - 1)); serve_sglang's default
         return int(s.get("sglang_num_draft_tokens") or int(s.get("num_speculative_tokens", 3)) + 1) - 1
+
+    def speculative_of(self, argv):
+        if argv_value(argv, "--speculative-algorithm") is None:
+            return False, 0
+        drafts = argv_value(argv, "--speculative-num-draft-tokens")
+        if drafts is None:      # SGLang's own default: one more than the steps
+            drafts = str(int(argv_value(argv, "--speculative-num-steps") or 0) + 1)
+        return True, max(0, int(drafts) - 1) if drafts.isdigit() else 0
 
     def env(self, s, server_cache):
         # FlashInfer's JIT and kernel caches (flashinfer-cubin pre-staged by the install stage: nothing is

@@ -2,10 +2,11 @@
 ``deployer/serve.py`` (nowhere else); its own checks are ``roles/verify/files/vllm_verify.py``."""
 from __future__ import annotations
 
+import json
 import re
 
 from deployer import serve
-from deployer.engines import Engine, EngineError, register
+from deployer.engines import Engine, EngineError, argv_value, register
 
 _VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
 
@@ -46,6 +47,16 @@ class VLLM(Engine):
             "model_loader_extra_config": s.get("model_loader_extra_config") or {},
             "extra_args": s.get("extra_args") or [],
         })
+
+    def speculative_of(self, argv):
+        raw = argv_value(argv, "--speculative-config", "-sc")
+        if raw is None:
+            return False, 0
+        try:
+            cfg = json.loads(raw)
+        except ValueError:
+            return True, 0
+        return True, int(cfg.get("num_speculative_tokens") or 0) if isinstance(cfg, dict) else 0
 
     def env(self, s, server_cache):
         return {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),

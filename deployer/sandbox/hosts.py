@@ -614,8 +614,32 @@ def _stop_host(h: Host) -> None:
     shutil.rmtree(f"/run/systemd/nspawn/propagate/{_machine(h)}", ignore_errors=True)
     if (h.dir / "merged").exists():
         _run("umount", "-l", h.dir / "merged", check=False)
-    for sub in ("upper", "work", "merged"):
-        shutil.rmtree(h.dir / sub, ignore_errors=True)
+    discard([h.dir / sub for sub in ("upper", "work", "merged")])
+
+
+def discard(paths: list[Path]) -> None:
+    """Remove directories without waiting for it: each is renamed into STATE/.trash at once (the same file system)
+    and a detached ``rm -rf`` at the lowest priority deletes it.  A host's upper layer holds ~75,000 files (its
+    venvs); unlinking them took ~10 s per host, nearly all of it waiting on the disk (1.5 s of CPU), and nothing
+    needs them gone: the host's next start makes new directories.  One that cannot be moved is removed here."""
+    trash = STATE / ".trash"
+    moved = []
+    for p in paths:
+        if not os.path.lexists(p):
+            continue
+        trash.mkdir(mode=0o700, exist_ok=True)
+        dest = trash / f"{p.parent.name}-{p.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(p, dest)
+            moved.append(str(dest))
+        except OSError:
+            shutil.rmtree(p, ignore_errors=True)
+    if moved:
+        idle_io = [tools.system("ionice"), "-c", "3"] if tools.find("ionice") else []
+        subprocess.Popen([*idle_io, tools.system("nice"), "-n", "19", tools.system("rm"), "-rf", "--one-file-system",
+                          *moved],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
 
 
 def close_masters() -> None:

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from helpers import ROOT
-from sandbox_helpers import FAST, deployer, needs_sandbox, sh
+from sandbox_helpers import FAST, deployer, needs_sandbox, sandbox_hosts, sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 GPU = ["sbx1", "sbx2", "sbx3"]
@@ -20,13 +20,12 @@ LB = "sbx4"
 
 @pytest.fixture(scope="module", autouse=True)
 def fleet():
-    from deployer.sandbox import hosts as sb
-    sb.stop()
-    sb.start(3, balancer=True)
-    r = deployer("up", "--sandbox", *FAST)          # the first deploy: balancer configured, all three serve
-    assert r.returncode == 0, r.stdout + r.stderr
-    yield sb
-    sb.stop()
+    # the hosts boot with this run's pre-baked venv (sandbox_helpers.SEED): the rolls, not three cold installs, are
+    # the point here (test_many_hosts installs three in parallel)
+    for sb in sandbox_hosts(3, balancer=True):
+        r = deployer("up", "--sandbox", *FAST)          # the first deploy: balancer configured, all three serve
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield sb
 
 
 def lb_states():

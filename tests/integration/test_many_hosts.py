@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from sandbox_helpers import flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
+from sandbox_helpers import FAST, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 HOSTS = ["sbx1", "sbx2", "sbx3"]
@@ -19,7 +19,7 @@ def test_parallel_then_rolling_stops_at_broken_host():
     from deployer.sandbox import hosts as sb
     # sbx2 has its own uv on the PATH (common on GPU boxes); sbx1 and sbx3 have none and get ours shipped
     sb.copy_to("sbx2", tools.uv(), "/usr/local/bin/uv")
-    r = up()
+    r = up(*FAST)       # vLLM's own checks are the single-host modules' (test_sandbox, test_real_host)
     assert r.returncode == 0, r.stderr
     for h in HOSTS:
         assert stages(r.stderr, h)["install"] == "changed", r.stderr
@@ -33,7 +33,7 @@ def test_parallel_then_rolling_stops_at_broken_host():
 
     sb.set_knobs("sbx2", gpus={"count": 7})
     try:
-        r = up("--serial", "1", "-e", "deployer_max_model_len=65536")
+        r = up("--serial", "1", "-e", "deployer_max_model_len=65536", *FAST)
     finally:
         sb.set_knobs("sbx2", gpus={})
     assert r.returncode == 3, r.stdout + r.stderr
@@ -50,7 +50,7 @@ def test_parallel_deploy_where_one_host_fails_after_restart():
     before = {h: sh(h, "readlink /opt/deployer/current") for h in HOSTS}
     sb.set_knobs("sbx2", standin={"crash_phase": "compile", "load_seconds": 3, "only_if_arg": "0.871"})
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.871", "-e", "verify_enabled=false")
+        r = up("-e", "deployer_gpu_memory_utilization=0.871", *FAST)
     finally:
         sb.set_knobs("sbx2", standin={})
     assert r.returncode == 1, r.stdout + r.stderr
@@ -70,7 +70,7 @@ def test_rolling_deploy_stops_at_a_failure_after_the_restart():
     before = {h: (sh(h, "readlink /opt/deployer/current"), main_pid(h)) for h in HOSTS}
     sb.set_knobs("sbx1", standin={"crash_phase": "kv_cache", "load_seconds": 3, "only_if_arg": "0.872"})
     try:
-        r = up("--serial", "1", "-e", "deployer_gpu_memory_utilization=0.872", "-e", "verify_enabled=false")
+        r = up("--serial", "1", "-e", "deployer_gpu_memory_utilization=0.872", *FAST)
     finally:
         sb.set_knobs("sbx1", standin={})
     assert r.returncode == 1, r.stdout + r.stderr

@@ -96,7 +96,7 @@ def test_rollback_to_unknown_release_is_refused():
 
 
 def test_concurrent_up_one_refused():
-    env_args = ["-e", "deployer_max_model_len=32768"]  # a restart makes the first run long
+    env_args = ["-e", "deployer_max_model_len=32768", *FAST]  # a restart makes the first run long
     p1 = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", *env_args], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for _ in range(600):   # the first run holds the lock once it is past its first task
@@ -271,7 +271,7 @@ def test_a_changed_drafter_is_a_new_release_and_is_shipped(tmp_path):
     extra = sb.STATE / "drafter" / "generation_config.json"
     extra.write_text('{"max_new_tokens": 1}\n')
     vars_file = tmp_path / "vars.yml"
-    vars_file.write_text("deployer_max_model_len: 65536\n")
+    vars_file.write_text("deployer_max_model_len: 65536\nverify_enabled: false\n")   # the checks: test_real_host
     try:
         r = up("-e", f"@{vars_file}", "--limit", H)
     finally:

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from sandbox_helpers import SVC, flat, needs_sandbox, sandbox_hosts, up, venv
+from sandbox_helpers import FAST, SVC, flat, needs_sandbox, sandbox_hosts, up, venv
 from sandbox_helpers import main_pid as _main_pid
 from sandbox_helpers import sh as _sh
 
@@ -36,9 +36,20 @@ def host_state():
               "| sha256sum")
 
 
-def test_01_full_up_then_noop():
-    r = up()
+def traced_up(tmp_path, name):
+    """``up`` with DEPLOYER_TRACE_FILE; the plan lines its filters wrote (deployer_filters._trace)."""
+    trace = tmp_path / f"{name}.jsonl"
+    r = up(env=dict(os.environ, DEPLOYER_TRACE_FILE=str(trace)))
+    lines = [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
+    return r, [x["plan"] for x in lines if "plan" in x]
+
+
+def test_01_full_up_then_noop(tmp_path):
+    # the run's plan is made once and the drafter hashed once, in a full deploy and in a no-op alike (issue 22:
+    # the no-op check made it twice and preflight a third time, each hashing the drafter)
+    r, plans = traced_up(tmp_path, "cold")
     assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(plans) == ["drafter hashed", "made"], plans
     assert "deployed" in r.stdout and "EAGLE-3 acceptance rate 0." in r.stdout
     assert "patched vLLM 0.16.0: P1, P2, P3, P4, P5" in r.stderr
     assert "supports_eagle3(KimiK25ForConditionalGeneration) = True" in sh(f"journalctl -u {SVC} --no-pager")
@@ -52,9 +63,10 @@ def test_01_full_up_then_noop():
     assert sh(f"test -f {spec['model']}/.deployer-complete && echo ok") == "ok"
     pid = main_pid()
 
-    r2 = up()
+    r2, plans = traced_up(tmp_path, "noop")
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert "unchanged, nothing restarted" in r2.stdout
+    assert sorted(plans) == ["drafter hashed", "made"], plans
     assert main_pid() == pid and sh("readlink /opt/deployer/current") == cur
     assert sh("ls /opt/deployer/releases | wc -l") == "1"
 
@@ -164,7 +176,7 @@ def test_04_crash_during_load_is_reported_within_seconds_and_rolled_back():
     live = sh("readlink /opt/deployer/current")
     sbx.set_knobs(H, standin={"crash_phase": "weights", "load_seconds": 4, "only_if_arg": "0.85"})
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.85", "-e", "watch_budget_seconds=1200")
+        r = up("-e", "deployer_gpu_memory_utilization=0.85", "-e", "watch_budget_seconds=1200", *FAST)
     finally:
         sbx.set_knobs(H, standin={})
     assert r.returncode == 1, r.stdout + r.stderr

@@ -13,7 +13,7 @@ H = "sbx1"
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
     for sb in sandbox_hosts(1):
-        r = up()
+        r = up(*FAST)           # what is watched, not vLLM's checks (test_sandbox, test_real_host)
         assert r.returncode == 0, r.stderr
         yield sb
 

@@ -162,3 +162,61 @@ def test_an_edited_env_file_or_unit_is_named_once_not_twice():
     p, st = _live(live_edited=["vllm.env"])
     got = planmod.noop_check(planmod.expected_release(p, st), st, p, "u", "e")
     assert got["noop"] and got["reasons"] == []
+
+
+# ------------------------------------------------------------------ the plan of a release on the host
+def _manifest(p):
+    """release.json as roles/render writes it (the fields release_plan reads)."""
+    return {"id": "r1", "backend": p["backend"], "engine_version": p["engine"]["version"], "argv": p["argv"],
+            "port": p["port"], "served_model_name": p["served_model_name"], "model_dir": p["model_dir"],
+            "venv": p["venv"], "speculative": p["speculative"],
+            "drafter_dir": p["drafter"]["dir"] if p["drafter"] else None}
+
+
+SHARED = ("backend", "service", "unit_path", "port", "probe_host", "probe_url", "secrets", "served_model_name",
+          "model_dir", "venv", "speculative", "draft_tokens_per_step", "dirs")
+
+
+@pytest.mark.parametrize("over", [
+    {}, {"host": "10.0.0.7", "port": 8123, "num_speculative_tokens": 5}, {"speculative_enabled": False},
+    {"backend": "sglang"}, {"backend": "sglang", "num_speculative_tokens": 2, "host": "::"},
+    {"backend": "sglang", "sglang_num_draft_tokens": 6, "num_speculative_tokens": 5},
+    {"backend": "sglang", "speculative_enabled": False}])
+def test_a_recorded_release_plans_as_it_was_deployed(over):
+    # guards: a rollback (and the restore after a failed deploy) starts, watches and smoke-tests a release with the
+    # engine, port, probe address and drafts per step it was deployed with, whatever the settings say now
+    # (the YAML plan before it gave no drafts per step: a rollback to SGLang measured its acceptance from gauges
+    # that a fresh server leaves at 0, so any acceptance floor failed it)
+    p = make_plan(settings(**over), DRAFTER)
+    now = settings(port=9999, served_model_name="other", backend="vllm", num_speculative_tokens=7)
+    r = planmod.release_plan(_manifest(p), now)
+    assert {k: r[k] for k in SHARED} == {k: p[k] for k in SHARED}
+    assert r["engine"] == dict(p["engine"]) and r["drafter"] == ({"dir": p["drafter"]["dir"]} if p["drafter"] else None)
+    assert r["draft_tokens_per_step"] == (0 if not p["speculative"] else p["draft_tokens_per_step"]) > -1
+
+
+def test_an_older_manifest_takes_what_it_lacks_from_the_settings():
+    r = planmod.release_plan({"argv": ["vllm", "serve", "/m", "--host", "127.0.0.1"]}, settings(port=8123))
+    assert (r["backend"], r["port"], r["probe_host"], r["speculative"], r["drafter"]) == (
+        "vllm", 8123, "127.0.0.1", False, None)
+    assert r["served_model_name"] == settings()["served_model_name"]
+
+
+def test_a_manifest_of_an_unknown_engine_is_refused_by_name():
+    with pytest.raises(PlanError, match=r"release r9: backend: got 'tgi'"):
+        planmod.release_plan({"id": "r9", "backend": "tgi"}, settings())
+
+
+@pytest.mark.parametrize("over", [{}, {"backend": "sglang"}, {"speculative_enabled": False}])
+def test_a_plan_bound_to_the_hosts_devices_is_the_plan_made_with_them(over):
+    # guards: the run makes its plan once (before the host read) and binds the measured device classes after; the
+    # bound plan must be exactly the one make_plan gives with them, down to the release id
+    devices = ["char-nvidia-frontend rw", "char-nvidia-uvm rw", "/dev/nvidia-caps rw"]
+    unbound = make_plan(settings(device_allow=[], **over), DRAFTER)
+    bound = planmod.with_devices(unbound, devices)
+    direct = make_plan(settings(device_allow=devices, **over), DRAFTER)
+    assert bound == direct
+    assert planmod.release_id(bound, "f") == planmod.release_id(direct, "f") != planmod.release_id(unbound, "f")
+    assert unbound["unit"]["device_allow"] == [] and unbound["release_inputs"]["devices"] == []   # not mutated
+    with pytest.raises(PlanError, match="device_allow: got 'char-nvidia rw; rm'"):
+        planmod.with_devices(unbound, ["char-nvidia rw; rm"])

@@ -6,6 +6,8 @@ have this package installed: the repository that holds this file is put on ``sys
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +20,6 @@ from ansible.errors import AnsibleFilterError  # noqa: E402
 
 from deployer import controller_id, drafter, engines, plan, serve, settings_check  # noqa: E402
 from deployer.ansible_plugins.module_utils import formats, vllm_logs  # noqa: E402
-from deployer.ansible_plugins.module_utils import releases as releases_mu  # noqa: E402
 
 
 def parse_gpu_csv(text):
@@ -83,8 +84,18 @@ def version_tuple(v):
     return out
 
 
+def _trace(what):
+    """DEPLOYER_TRACE_FILE (deployer/runner.py, bench/profile.py): one line each time a plan is made, so a test can
+    count that a run makes it once (bench/profile.py reads only lines with a task's start and end)."""
+    path = os.environ.get("DEPLOYER_TRACE_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"plan": what, "pid": os.getpid()}) + "\n")
+
+
 def deployer_plan(settings, drafter_manifest=None):
     """The whole deploy plan for one host (deployer.plan.make_plan); errors name setting, value, expectation."""
+    _trace("made")
     try:
         return plan.make_plan(settings, drafter_manifest or None)
     except plan.PlanError as e:
@@ -93,10 +104,22 @@ def deployer_plan(settings, drafter_manifest=None):
 
 def deployer_plan_or_none(settings, drafter_manifest=None):
     """The plan, or None when the settings are bad (the full path's preflight then reports them)."""
+    _trace("made")
     try:
         return plan.make_plan(settings, drafter_manifest or None)
     except (plan.PlanError, TypeError, ValueError, KeyError):
         return None
+
+
+def deployer_plan_devices(the_plan, device_allow, strict=True):
+    """The plan bound to the device classes the host measured (deployer.plan.with_devices).  ``strict=False`` (the
+    no-op check): None for a bad entry, which the full deploy's preflight then reports."""
+    try:
+        return plan.with_devices(the_plan, device_allow)
+    except plan.PlanError as e:
+        if not strict:
+            return None
+        raise AnsibleFilterError(str(e)) from e
 
 
 def nvidia_device_allow(names, extra=None):
@@ -117,9 +140,12 @@ def lock_stale(lock_result, me=None):
     return why if state == "gone" else ""
 
 
-def live_secrets(root, service):
-    """Where the live secrets of the deploy root ``root`` are (deployer.plan.live_secrets)."""
-    return plan.live_secrets({"secrets": str(root).rstrip("/") + "/secrets"}, service)
+def release_plan(manifest, settings):
+    """The plan of a release already on the host, from its manifest (deployer.plan.release_plan)."""
+    try:
+        return plan.release_plan(manifest, settings)
+    except plan.PlanError as e:
+        raise AnsibleFilterError(str(e)) from e
 
 
 def drafter_fit(target_config, drafter_src_dir, engine):
@@ -150,6 +176,7 @@ def release_id(the_plan, patch_fingerprint=None):
 def drafter_manifest(src_dir, strict=True):
     """Content manifest of the drafter checkpoint on the controller; see deployer.drafter.  ``strict=False``
     (the no-op check) returns None for a bad directory: the full deploy's preflight then reports it."""
+    _trace("drafter hashed")
     try:
         return drafter.tree_manifest(src_dir)
     except Exception:
@@ -163,6 +190,7 @@ class FilterModule(object):
         return {
             "deployer_plan": deployer_plan,
             "deployer_plan_or_none": deployer_plan_or_none,
+            "deployer_plan_devices": deployer_plan_devices,
             "deployer_expected_release": plan.expected_release,
             "deployer_noop": plan.noop_check,
             "release_id": release_id,
@@ -176,9 +204,8 @@ class FilterModule(object):
             "drafter_fit": drafter_fit,
             "deployer_engine": engines.describe,
             "engine_of_unit": engines.engine_of_unit,
-            "probe_host_of": releases_mu.probe_host_of,
             "deployer_secret_files": plan.secret_files,
-            "deployer_live_secrets": live_secrets,
+            "deployer_release_plan": release_plan,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
             "disk_shortfalls": disk_shortfalls,
