@@ -1,0 +1,123 @@
+"""What the measured engine-release matrix says for a deploy of Kimi-K2.5 + EAGLE-3 on given GPUs (``deployer
+versions``).  Pure: it reads ``deployer/data/compatibility.json``, which ``bench/compat_matrix.py`` writes from each
+release's own wheel together with docs/compatibility.md, and the evidence of where each release has run (the CI
+tiers ``scripts/dev.sh`` prepares, the real-GPU recordings under ``tests/fixtures/real-gpu``).
+
+A verdict per release: ``refused`` (the patch engine cannot make its EAGLE-3 path serve this model, or the verify
+script would not import), ``patched`` (supported with the deployer's patches) or ``native``; the ``evidence`` that
+backs it, strongest first: ``real GPU`` (a real engine loaded and served on that compute capability), ``sandbox``
+(deployed in the sandbox, the release's own checks on the rendered argv, on every CI run), ``source`` (only read).
+``other GPU`` (a real engine on another compute capability: it proves the engine, not these kernels).
+``recommended`` is the newest supported release with at least sandbox evidence; on GPUs no release has run on, the
+verdict says so instead of pretending.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data" / "compatibility.json"
+EVIDENCE_RANK = {"real GPU": 4, "other GPU": 3, "sandbox": 2, "source": 1}
+
+
+def load(path: Path = DATA) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def vtuple(v: str) -> tuple:
+    out = []
+    for part in str(v).split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def _minor(v: str) -> tuple:
+    return vtuple(v)[:2]
+
+
+def verdict(row: dict) -> tuple[str, str]:
+    """(outcome, why) for one measured row."""
+    if row.get("error"):
+        return "unmeasured", row["error"]
+    if row["engine"] == "SGLang":
+        cap = row.get("capability") or {}
+        if cap.get("refused") or cap.get("problems"):
+            return "refused", cap.get("refused") or "; ".join(cap["problems"])
+        return "native", "Kimi-K2.5 class, EAGLE-3 hook and drafter class in its source"
+    if row.get("verifier_missing"):
+        return "refused", "the verify script imports what this release lacks: " + ", ".join(row["verifier_missing"])
+    patch = str(row.get("patch", ""))
+    if patch.startswith("refused"):
+        return "refused", patch.split(":", 1)[-1].strip()
+    if patch.startswith("patched"):
+        return "patched", patch
+    return "native", "EAGLE-3 for Kimi-K2.5 in its own source"
+
+
+def notes(row: dict) -> list[str]:
+    """What an operator of this release should know (from the measured columns)."""
+    out = []
+    if row["engine"] != "vLLM" or row.get("error"):
+        return out
+    if row.get("eagle3_target_check") is False:
+        out.append("vLLM no longer refuses an unsupported EAGLE-3 target before the load: the deployer's "
+                   "preflight is the only early check")
+    if row.get("model_runner_v2_default") == "auto":
+        out.append("Model Runner V2 may be chosen (VLLM_USE_V2_MODEL_RUNNER=0 goes back)")
+    if row.get("aux_ids") == "top-level only":
+        out.append("reads only a top-level eagle_aux_hidden_state_layer_ids (the drafter check follows it)")
+    return out
+
+
+def evidence_for(engine: str, version: str, compute_cap: str, evidence: dict) -> tuple[str, list[str]]:
+    """(strongest evidence, each piece of it) for a release on GPUs of ``compute_cap``."""
+    found = []
+    for run in evidence.get("real_gpu", []):
+        if run["engine"] == engine and run["version"] == version:
+            here = str(run.get("compute_cap")) == str(compute_cap)
+            found.append(("real GPU" if here else "other GPU",
+                          f"a real engine on {run['gpu']} (compute capability {run.get('compute_cap')}): "
+                          f"tests/fixtures/real-gpu/{run['dir']}"))
+    if version in evidence.get("ci", {}).get(engine, []):
+        found.append(("sandbox", "deployed in the sandbox, verified by its own checks, on every CI run"))
+    if not found:
+        return "source", ["read from its wheel only"]
+    found.sort(key=lambda f: -EVIDENCE_RANK[f[0]])
+    return found[0][0], [w for _k, w in found]
+
+
+def report(data: dict, compute_cap: str = "12.0", default: dict | None = None) -> dict:
+    """Rows for every measured release of both engines, the recommendation per engine and the defaults."""
+    default = default or {}
+    rows = []
+    for r in data["rows"]:
+        outcome, why = verdict(r)
+        ev, where = evidence_for(r["engine"], r["version"], compute_cap, data.get("evidence", {}))
+        rows.append({"engine": r["engine"], "version": r["version"], "outcome": outcome, "why": why,
+                     "evidence": ev, "where": where, "notes": notes(r),
+                     "default": default.get(r["engine"]) == r["version"]})
+    recommended = {}
+    for engine in sorted({r["engine"] for r in rows}):
+        ok = [r for r in rows if r["engine"] == engine and r["outcome"] in ("patched", "native")
+              and EVIDENCE_RANK[r["evidence"]] >= EVIDENCE_RANK["sandbox"]]
+        if ok:
+            best = max(ok, key=lambda r: vtuple(r["version"]))
+            recommended[engine] = best["version"]
+            best["recommended"] = True
+    on_these = [r for r in rows if r["evidence"] == "real GPU"]
+    return {"compute_cap": str(compute_cap), "generated": data.get("generated"), "commit": data.get("commit"),
+            "rows": rows, "recommended": recommended, "default": default,
+            "untested_here": not on_these,
+            "caveat": "" if on_these else (f"no release has run on compute capability {compute_cap} GPUs: "
+                                           "the verdicts come from source, the sandbox and other GPUs")}
+
+
+def for_version(data: dict, engine: str, version: str) -> dict | None:
+    """The measured row for ``version``, or the newest measured release of its minor (the matrix keeps the latest
+    patch release per minor), or None."""
+    exact = [r for r in data["rows"] if r["engine"] == engine and r["version"] == version]
+    if exact:
+        return exact[0]
+    same = [r for r in data["rows"] if r["engine"] == engine and _minor(r["version"]) == _minor(version)]
+    return max(same, key=lambda r: vtuple(r["version"])) if same else None

@@ -1,0 +1,86 @@
+"""deployer/versions.py and `deployer versions`: the verdict per release comes from what bench/compat_matrix.py
+measured, the evidence from where a release really ran, and the recommendation only from releases that ran."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from deployer import versions as vs
+from helpers import ROOT
+
+
+def row(version, patch="native", **kw):
+    return dict({"engine": "vLLM", "version": version, "patch": patch, "verifier_missing": [],
+                 "eagle3_target_check": True, "model_runner_v2_default": "off", "aux_ids": "top-level only"}, **kw)
+
+
+EVIDENCE = {"ci": {"vLLM": ["0.16.0", "0.33.0"], "SGLang": []},
+            "real_gpu": [{"engine": "vLLM", "version": "0.25.1", "dir": "vllm-0.25.1-h200-bench",
+                          "gpu": "NVIDIA H200", "compute_cap": "9.0"}]}
+
+
+def test_outcomes_come_from_the_measured_columns():
+    assert vs.verdict(row("0.16.0", "patched: P1, P2"))[0] == "patched"
+    assert vs.verdict(row("0.18.0"))[0] == "native"
+    assert vs.verdict(row("0.9.0", "refused: no EAGLE-3 hook in deepseek_v2.py")) == (
+        "refused", "no EAGLE-3 hook in deepseek_v2.py")
+    missing = ["vllm.entrypoints.openai.cli_args.validate_parsed_serve_args"]
+    out, why = vs.verdict(row("0.29.0", verifier_missing=missing))
+    assert out == "refused" and "validate_parsed_serve_args" in why
+    assert vs.verdict({"engine": "vLLM", "version": "0.40.0", "error": "not installable here: no wheel"}) == (
+        "unmeasured", "not installable here: no wheel")
+    assert vs.verdict({"engine": "SGLang", "version": "0.5.8", "capability": {"problems": ["no Kimi-K2.5 class"]}}) \
+        == ("refused", "no Kimi-K2.5 class")
+
+
+def test_the_recommendation_is_the_newest_supported_release_that_ran():
+    data = {"rows": [row("0.16.0", "patched: P1"), row("0.25.1"), row("0.33.0"), row("0.34.0"),
+                     row("0.35.0", "refused: no hook")], "evidence": EVIDENCE}
+    rep = vs.report(data, "12.0", {"vLLM": "0.16.0"})
+    by = {r["version"]: r for r in rep["rows"]}
+    # 0.34.0 is newer and supported by its source, but never ran anywhere: not recommended; 0.35.0 is refused
+    assert rep["recommended"] == {"vLLM": "0.33.0"} and by["0.33.0"].get("recommended")
+    assert (by["0.34.0"]["evidence"], by["0.33.0"]["evidence"], by["0.25.1"]["evidence"]) == (
+        "source", "sandbox", "other GPU")
+    assert by["0.16.0"]["default"] and not by["0.33.0"]["default"]
+    # nothing ran on sm_120 here: said, not hidden
+    assert rep["untested_here"] and "compute capability 12.0" in rep["caveat"]
+    # on the GPUs a release really ran on, that run is the strongest evidence
+    rep9 = vs.report(data, "9.0")
+    assert {r["version"]: r["evidence"] for r in rep9["rows"]}["0.25.1"] == "real GPU" and not rep9["caveat"]
+
+
+def test_notes_name_what_changed_for_the_operator():
+    n = vs.notes(row("0.22.1", eagle3_target_check=False, model_runner_v2_default="auto",
+                     aux_ids="top-level, else eagle_config"))
+    assert any("preflight is the only early check" in x for x in n) and any("Model Runner V2" in x for x in n)
+    assert vs.notes(row("0.16.0")) == ["reads only a top-level eagle_aux_hidden_state_layer_ids (the drafter check "
+                                       "follows it)"]
+
+
+def test_the_committed_matrix_has_every_minor_and_the_cli_reads_it():
+    data = vs.load()
+    minors = sorted({vs.vtuple(r["version"])[:2] for r in data["rows"] if r["engine"] == "vLLM"})
+    assert minors[0] == (0, 16) and minors == [(0, m) for m in range(16, minors[-1][1] + 1)], minors
+    # every release the evidence names has its own measured row (CI's 0.18.0, the real GPU's 0.20.0)
+    named = set(data["evidence"]["ci"]["vLLM"]) | {r["version"] for r in data["evidence"]["real_gpu"]}
+    assert named <= {r["version"] for r in data["rows"] if r["engine"] == "vLLM"}, named
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", "versions", "--json"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    default = {x["version"] for x in rep["rows"] if x["default"] and x["engine"] == "vLLM"}
+    assert default == {"0.16.0"} and rep["default"]["vLLM"] == "0.16.0"
+    assert rep["recommended"]["vLLM"] in data["evidence"]["ci"]["vLLM"]
+    human = subprocess.run([sys.executable, "-m", "deployer.cli", "versions", "--engine", "vllm"],
+                           capture_output=True, text=True, cwd=ROOT).stdout
+    assert "0.16.0" in human and "<- default" in human and "recommended" in human
+
+
+@pytest.mark.parametrize("args, said", [(["--compute-cap", "sm_120"], "--compute-cap: got 'sm_120'"),
+                                        (["--engine", "tgi"], "--engine: got 'tgi'")])
+def test_bad_input_is_a_usage_error(args, said):
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", "versions", *args], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 2 and said in " ".join(r.stderr.split()), r.stderr
