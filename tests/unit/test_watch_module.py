@@ -2,11 +2,12 @@
 import json
 import sys
 
-from deployer.ansible_plugins.module_utils import vllm_logs
+from deployer.ansible_plugins.module_utils import host_io, vllm_logs
 from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
 
 # Ansible ships module_utils to the host under ansible.module_utils.*; map it for an in-process import.
 sys.modules.setdefault("ansible.module_utils.vllm_logs", vllm_logs)
+sys.modules.setdefault("ansible.module_utils.host_io", host_io)
 from deployer.ansible_plugins.modules import vllm_watch  # noqa: E402
 
 

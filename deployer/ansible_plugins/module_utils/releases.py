@@ -1,10 +1,16 @@
 # -*- coding: utf-8 -*-
-"""Release bookkeeping on the host: pure helpers shared by the release modules and the CLI."""
+"""Release bookkeeping on the host, shared by the release modules and the CLI: manifests, pruning, links, the
+host's state as the status and no-op read it (its systemd, HTTP and device reads: module_utils/host_io.py)."""
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+
+try:
+    from ansible.module_utils.host_io import http_get, nvidia_devices, systemd_show  # on the host
+except ImportError:
+    from deployer.ansible_plugins.module_utils.host_io import http_get, nvidia_devices, systemd_show  # controller
 
 
 def read_release(release_dir):
@@ -244,15 +250,8 @@ def release_needs(manifest):
 
 
 def _unit_props(service):
-    import subprocess
-    try:
-        out = subprocess.run(["systemctl", "show", service, "-p", "ActiveState", "-p", "SubState", "-p",
-                              "NeedDaemonReload", "-p", "NRestarts", "-p", "MainPID", "-p", "ActiveEnterTimestamp"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
-                             timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    return systemd_show(service, ["ActiveState", "SubState", "NeedDaemonReload", "NRestarts", "MainPID",
+                                  "ActiveEnterTimestamp"])
 
 
 def _last_fatal(service, lines=600):
@@ -310,31 +309,11 @@ def probe_address(bind):
     return "::1" if bind == "::" else bind
 
 
-def _http_get(port, path, limit=4 << 20, host="127.0.0.1"):
+def _http_get(port, path, host="127.0.0.1"):
     """(status, body) of a plain HTTP GET on ``host``:``port`` (the address the server binds; loopback when it
-    binds all), or (None, "") when nothing answers."""
-    import socket
-    try:
-        s = socket.create_connection((host or "127.0.0.1", int(port)), timeout=3)
-    except (OSError, ValueError, TypeError):
-        return None, ""
-    try:
-        s.settimeout(5)
-        s.sendall(("GET %s HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n" % path).encode())
-        data = b""
-        while len(data) < limit:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    except OSError:
-        return None, ""
-    finally:
-        s.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    parts = head.split(b" ", 2)
-    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    return status, body.decode("utf-8", "replace")
+    binds all), or (None, body) when nothing answered with a status."""
+    status, body = http_get(port, path, host)
+    return status or None, body
 
 
 def http_health(port, host="127.0.0.1"):
@@ -350,22 +329,6 @@ def _gpu_memory_used_mib():
     except (OSError, subprocess.SubprocessError):
         return []
     return [int(x.strip()) for x in out.splitlines() if x.strip().isdigit()]
-
-
-def _nvidia_devices():
-    names, chars = [], False
-    try:
-        with open("/proc/devices") as f:
-            for line in f:
-                if line.startswith("Character devices:"):
-                    chars = True
-                elif not line.strip():
-                    chars = False
-                elif chars and len(line.split()) == 2 and line.split()[1].startswith("nvidia"):
-                    names.append(line.split()[1])
-    except OSError:
-        pass
-    return sorted(set(names))
 
 
 def _venv_state(venv):
@@ -407,7 +370,7 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="
             "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
             "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
             "files_sha256": dict((f, _sha256_file(f)) for f in files or []),
-            "nvidia_devices": _nvidia_devices(), "unit": _unit_props(service), "health": http_health(port, host)})
+            "nvidia_devices": nvidia_devices(), "unit": _unit_props(service), "health": http_health(port, host)})
 
 
 def _sglang_api_key(release_dir):

@@ -149,6 +149,7 @@ import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.host_io import nvidia_devices
 from ansible.module_utils.safetensors_header import check_shards
 
 SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap",
@@ -206,25 +207,6 @@ def port_holders(port, service_name):
             comm = ""
         holders.append("pid %s (%s)" % (pid, comm))
     return holders
-
-
-def nvidia_devices():
-    devs, section = set(), False
-    try:
-        with open("/proc/devices") as f:
-            for line in f:
-                if line.startswith("Character devices:"):
-                    section = True
-                    continue
-                if not line.strip():
-                    section = False
-                    continue
-                words = line.split()
-                if section and len(words) >= 2 and words[1].startswith("nvidia"):
-                    devs.add(words[1])
-    except OSError:
-        pass
-    return sorted(devs)
 
 
 def unreadable(model_dir, user, user_exists):

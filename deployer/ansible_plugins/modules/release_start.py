@@ -103,6 +103,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.host_io import systemd_show
 from ansible.module_utils.releases import http_health, write_atomic
 
 
@@ -156,9 +157,7 @@ def main():
     dropin_changed = bool(p["dropin_path"]) and read(p["dropin_path"]) != p["dropin"]
     new_secrets = secrets_to_write(m, p)
     secrets_changed = bool(new_secrets) and p["secrets"] is not None
-    rc, out, _err = m.run_command(["systemctl", "show", p["service"], "-p", "ActiveState", "-p", "SubState",
-                                   "-p", "UnitFileState"])
-    props = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    props = systemd_show(p["service"], ["ActiveState", "SubState", "UnitFileState"], m.run_command)
     down = props.get("SubState") == "auto-restart" or props.get("ActiveState") == "failed"
     running = props.get("ActiveState") in ("active", "activating", "reloading")
     restart = unit_changed or down or ((dropin_changed or secrets_changed) and running)

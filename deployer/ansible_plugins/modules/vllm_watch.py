@@ -126,10 +126,10 @@ tail:
   type: list
 """
 
-import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.host_io import http_get, systemd_show
 from ansible.module_utils.vllm_logs import LoadState, advice, eta_seconds, journal_entry, overdue_seconds
 
 TAIL = 40
@@ -148,14 +148,8 @@ GENERIC_FATAL_GRACE_SECONDS = 3.0
 
 
 def unit_props(module, service):
-    rc, out, _ = module.run_command(
-        ["systemctl", "show", service, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
-         "-p", "ActiveEnterTimestampMonotonic", "-p", "InvocationID", "-p", "ExecMainStatus", "-p", "NRestarts"])
-    props = {}
-    for line in out.splitlines():
-        k, _, v = line.partition("=")
-        props[k] = v
-    return props
+    return systemd_show(service, ["ActiveState", "SubState", "MainPID", "ActiveEnterTimestampMonotonic",
+                                  "InvocationID", "ExecMainStatus", "NRestarts"], module.run_command)
 
 
 def journal(module, service, invocation):
@@ -181,24 +175,8 @@ def _advice(fatal):
 
 
 def health(port, host="127.0.0.1", timeout=2.0):
-    try:
-        s = socket.create_connection((host, port), timeout=timeout)
-    except OSError:
-        return None  # connection refused: still loading (vLLM does not listen until ready)
-    try:
-        s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        data = b""
-        while len(data) < 65536:  # read to EOF: closing early makes the server log a reset
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-        parts = data.decode("latin-1").split()
-        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-    except OSError:
-        return 0
-    finally:
-        s.close()
+    """/health's status; None: nothing listens yet (vLLM does not until ready); 0: no answer within ``timeout``."""
+    return http_get(port, "/health", host, connect_timeout=timeout, read_timeout=timeout, limit=65536)[0]
 
 
 # journald takes in a dying process's last lines a moment after it is gone: read them before naming the phase
