@@ -9,7 +9,20 @@ import time
 import pytest
 
 from helpers import CACHE, need
-from sandbox_helpers import FAST, ROOT, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, stages, up, venv
+from sandbox_helpers import (
+    FAST,
+    ROOT,
+    auth,
+    deployer,
+    flat,
+    main_pid,
+    needs_sandbox,
+    sandbox_hosts,
+    sh,
+    stages,
+    up,
+    venv,
+)
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -83,10 +96,22 @@ def test_plain_ansible_playbook_without_this_package():
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"release {live} is already live and serving" in flat(r.stdout), r.stdout[-3000:]
+    # ... and a real deploy of a changed release, every stage, with no deployer package anywhere (issue 24 item 6:
+    # only the no-op shortcut was ever run this way)
+    pid = main_pid(H)
+    r = subprocess.run([str(bin_ / "ansible-playbook"), "-i", inv, "playbooks/up.yml",
+                        "-e", "deployer_max_model_len=20480", "-e", "verify_enabled=false"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    new = sh(H, "basename $(readlink /opt/deployer/current)")
+    assert new != live and main_pid(H) != pid
+    assert "20480" in json.loads(sh(H, "cat /opt/deployer/current/release.json"))["argv"]
+    assert json.loads(sh(H, "cat /opt/deployer/current/release.json"))["result"] == "ok"
+    assert sh(H, "curl -s -o /dev/null -w '%{http_code}' " + auth() + " localhost:8000/v1/models") == "200"
     r = subprocess.run([str(bin_ / "ansible-playbook"), "-i", inv, "playbooks/releases.yml", "-v"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"current: {live}" in r.stdout
+    assert f"current: {new}" in r.stdout, r.stdout[-3000:]
 
 
 def test_rollback_to_unknown_release_is_refused():
@@ -345,12 +370,17 @@ def test_an_interrupted_drafter_copy_is_resumed():
         weights = (src / "model.safetensors").read_bytes()
         sh(H, f"mkdir -p {staging} && head -c {len(weights) // 2} /dev/zero > {staging}/model.safetensors")
         sb.copy_to(H, src / "config.json", f"{staging}/config.json", mode="0644")
+        before = sh(H, f"stat -c %i {staging}/config.json {staging}/model.safetensors").split()
         r = up()
     finally:
         extra.unlink()
     assert r.returncode == 0, r.stdout + r.stderr
     store = f"/opt/deployer/drafters/{m['tree_sha256'][:16]}"
     assert sh(H, f"cd {store} && sha256sum --quiet -c .deployer-sha256sums && echo intact") == "intact"
+    # what was already there whole was not sent again (issue 24 item 8: only the end state was asserted): the copy
+    # module replaces a file it sends (a new inode), the staging dir became the store by a rename (inodes kept)
+    after = sh(H, f"stat -c %i {store}/config.json {store}/model.safetensors").split()
+    assert after[0] == before[0] and after[1] != before[1], (before, after)
     assert sh(H, f"test -e {staging} && echo left || echo moved") == "moved"
     assert up().returncode == 0
 
