@@ -370,7 +370,7 @@ def test_an_interrupted_drafter_copy_is_resumed():
         weights = (src / "model.safetensors").read_bytes()
         sh(H, f"mkdir -p {staging} && head -c {len(weights) // 2} /dev/zero > {staging}/model.safetensors")
         sb.copy_to(H, src / "config.json", f"{staging}/config.json", mode="0644")
-        before = sh(H, f"stat -c %i {staging}/config.json {staging}/model.safetensors").split()
+        before = sh(H, f"stat -c %i:%Y {staging}/config.json {staging}/model.safetensors").split()
         r = up()
     finally:
         extra.unlink()
@@ -378,8 +378,8 @@ def test_an_interrupted_drafter_copy_is_resumed():
     store = f"/opt/deployer/drafters/{m['tree_sha256'][:16]}"
     assert sh(H, f"cd {store} && sha256sum --quiet -c .deployer-sha256sums && echo intact") == "intact"
     # what was already there whole was not sent again (issue 24 item 8: only the end state was asserted): the copy
-    # module replaces a file it sends (a new inode), the staging dir became the store by a rename (inodes kept)
-    after = sh(H, f"stat -c %i {store}/config.json {store}/model.safetensors").split()
+    # module replaces a file it sends (a new inode and mtime), the staging dir became the store by a rename
+    after = sh(H, f"stat -c %i:%Y {store}/config.json {store}/model.safetensors").split()
     assert after[0] == before[0] and after[1] != before[1], (before, after)
     assert sh(H, f"test -e {staging} && echo left || echo moved") == "moved"
     assert up().returncode == 0
