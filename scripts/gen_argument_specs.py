@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Write roles/*/meta/argument_specs.yml from defaults/main.yml and meta/inputs.yml.
+"""Write roles/*/meta/argument_specs.yml from defaults/main.yml and meta/inputs.yml, and roles/deployer/vars/main.yml
+(``deployer_settings``: every ``deployer_*`` setting as deployer/plan.py takes it) from the deployer role's defaults.
 
 defaults/main.yml documents every setting of a role once (the comment above a variable is its
 description; a ``# choices: a, b`` line adds choices).  meta/inputs.yml declares the role's required
 inputs, the ones the playbook wires in from the plan (argument-spec options, hand-written: types,
-required, descriptions).  This keeps the spec Ansible validates at run time in step with both;
+required, descriptions).  This keeps the spec Ansible validates at run time in step with both, and a new setting
+costs its default (with its comment) and the code that reads it;
 tests/unit/test_roles.py fails when they drift.  Run: python3 scripts/gen_argument_specs.py
 """
 import sys
@@ -66,8 +68,33 @@ def spec_for(role):
                                         "description": [head] if head else [], "options": options}}}
 
 
+FILTERS = {bool: " | bool", int: " | int", float: " | float"}     # the default's type, fixed on the way in
+
+
+def settings_vars():
+    """roles/deployer/vars/main.yml: ``deployer_settings``, the ``deployer_*`` defaults without the prefix, each
+    with its default's type (a bool, int or float given as a string becomes one; strings and secrets keep theirs).
+    make_plan reads what it knows of it; release_plan the same."""
+    _head, vars_ = parse(ROOT / "roles/deployer/defaults/main.yml")
+    lines = ["---",
+             "# Generated from defaults/main.yml by scripts/gen_argument_specs.py; edit the defaults.",
+             "# The settings as deployer/plan.py:make_plan takes them (the deployer_ prefix dropped, each with its",
+             "# default's type).  Not a setting: derived from the defaults, evaluated where it is used.  The caller",
+             "# binds the plan to the NVIDIA device classes the host measured (plan.with_devices).",
+             "deployer_settings:"]
+    for name, default, _desc, _choices in vars_:
+        if name.startswith("deployer_"):
+            lines.append(f'  {name[len("deployer_"):]}: "{{{{ {name}{FILTERS.get(type(default), "")} }}}}"')
+    return "\n".join(lines) + "\n"
+
+
 def main(check=False):
     bad = []
+    path = ROOT / "roles/deployer/vars/main.yml"
+    if check and path.read_text() != settings_vars():
+        bad.append(str(path.relative_to(ROOT)))
+    elif not check:
+        path.write_text(settings_vars())
     for role in sorted((ROOT / "roles").iterdir()):
         if not (role / "defaults/main.yml").exists() and not (role / "meta/inputs.yml").exists():
             continue
