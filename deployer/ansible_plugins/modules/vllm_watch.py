@@ -44,9 +44,9 @@ options:
     default: {}
   engine:
     description:
-      - Whose log lines to read (C(vllm) or C(sglang)); the phases and fatal lines differ (module_utils/vllm_logs.py).
+      - Whose log lines to read, a key of C(RULESETS) in module_utils/vllm_logs.py (the engine's C(log_rules),
+        today C(vllm) or C(sglang)); the phases and fatal lines differ.  Another value fails before anything is read.
     type: str
-    choices: [vllm, sglang]
     default: vllm
   health_timeout_seconds:
     description:
@@ -130,7 +130,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.host_io import http_get, systemd_show
-from ansible.module_utils.vllm_logs import LoadState, advice, eta_seconds, journal_entry, overdue_seconds
+from ansible.module_utils.vllm_logs import RULESETS, LoadState, advice, eta_seconds, journal_entry, overdue_seconds
 
 TAIL = 40
 # systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
@@ -263,11 +263,14 @@ def main():
             budget_seconds=dict(type="int", default=1800),
             previous_phase_seconds=dict(type="dict", default={}),
             stall_floor_factor=dict(type="float", default=0.0),
-            engine=dict(type="str", choices=["vllm", "sglang"], default="vllm"),
+            engine=dict(type="str", default="vllm"),
             health_timeout_seconds=dict(type="float", default=2.0),
         ),
         supports_check_mode=True,
     )
+    if module.params["engine"] not in RULESETS:
+        module.fail_json(msg="engine: got %r, expected one of %s (module_utils/vllm_logs.py RULESETS)"
+                         % (module.params["engine"], ", ".join(sorted(RULESETS))))
     p = module.params
     deadline = time.time() + p["poll_seconds"]
     first = look(module, p)
