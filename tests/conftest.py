@@ -34,7 +34,8 @@ def pytest_configure(config):
 # the whole run.  Ordered by each module's summed --durations of the last full run (session 9: 27, 27, 27, 25, 20,
 # 18, 17, 14, 13, 9, 8, 6 min under three workers); modules not listed follow.
 HEAVY_FIRST = ("test_sandbox.py", "test_faults_load.py", "test_real_host.py", "test_releases.py",
-               "test_controller_killed.py", "test_fleet.py", "test_sglang.py", "test_faults_smoke.py",
+               "test_controller_killed.py", "test_fleet.py", "test_sglang.py", "test_engine_versions.py",
+               "test_faults_smoke.py",
                "test_many_hosts.py", "test_watch.py", "test_reboot.py", "test_become.py", "test_real_venv.py",
                "test_lint.py")
 

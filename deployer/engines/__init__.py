@@ -8,7 +8,7 @@ compare engine names: a test enforces it (``tests/unit/test_engines.py``).  An e
 SkyPilot registers its load-balancing policies: ``@register`` on a subclass of ``Engine``.
 
 How to add an engine (docs/design.md, "Adding an engine"): a module here with an ``Engine`` subclass and
-``@register``; its argv builder (one place per engine, like ``deployer/serve.py``); its verifier
+``@register`` (every module of this package is imported and registers itself); its argv builder (one place per engine, like ``deployer/serve.py``); its verifier
 ``roles/verify/files/<name>_verify.py``; its log rules in ``module_utils/vllm_logs.py`` (``RULESETS``) and a
 stand-in in ``deployer/sandbox/`` for the sandbox.  No role changes.
 """
@@ -146,6 +146,15 @@ def engine_of_unit(unit_text: str) -> str:
     return "vllm"
 
 
+_LOADED = False
+
+
 def _load_builtin() -> None:
-    if "vllm" not in REGISTRY:
-        from deployer.engines import sglang, vllm  # noqa: F401  (each registers itself)
+    """Import every module of this package once: each registers its engine (a new engine is a new module here)."""
+    global _LOADED
+    if not _LOADED:
+        import importlib
+        import pkgutil
+        _LOADED = True
+        for mod in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{mod.name}")

@@ -1,0 +1,36 @@
+"""The newest vLLM release the measured matrix covers (deployer/data/compatibility.json, bench/compat_matrix.py)
+deploys and serves in the sandbox, verified by that release's own checks (issue 23): installed offline from the
+cache scripts/dev.sh prepares, native (no patches), its argument parser and config validation run on the rendered
+argv before the restart, its own supports_eagle3 answer in the journal, the smoke test through the API key."""
+import json
+
+import pytest
+
+from deployer import versions
+from helpers import CACHE, need
+from sandbox_helpers import SVC, auth, flat, needs_sandbox, sandbox_hosts, sh, up, venv
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+H = "sbx1"
+NEWEST = max((r["version"] for r in versions.load()["rows"] if r["engine"] == "vLLM"), key=versions.vtuple)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    yield from sandbox_hosts(1)
+
+
+def test_the_newest_measured_vllm_deploys_and_serves_verified_by_its_own_checks():
+    need((CACHE / "venvs" / f"vllm-{NEWEST}" / ".deployer-installed").exists(),
+         f"vLLM {NEWEST} (the matrix's newest) is prepared by scripts/dev.sh: the sandbox installs it offline")
+    r = up("-e", f"deployer_vllm_version={NEWEST}", timeout=1500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    err = flat(r.stdout + r.stderr)
+    assert f"native support in vLLM {NEWEST}" in err, err
+    assert f"vLLM {NEWEST} accepts this launch" in err, err        # its own parser and config validation
+    rel = json.loads(sh(H, "cat /opt/deployer/current/release.json"))
+    assert rel["vllm_version"] == NEWEST and rel["patches"] == [] and rel["venv"] == venv(NEWEST)
+    assert f"supports_eagle3(KimiK25ForConditionalGeneration) = True (vLLM {NEWEST}" in sh(
+        H, f"journalctl -u {SVC} --no-pager")
+    assert rel["result"] == "ok" and rel["acceptance_rate"] > 0, rel
+    assert sh(H, "curl -s -o /dev/null -w '%{http_code}' " + auth() + " localhost:8000/v1/models") == "200"
