@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe  # noqa: E402
 from deployer.ansible_plugins.module_utils import sglang_source  # noqa: E402
+from deployer.versions import vtuple  # noqa: E402
 from helpers import CACHE  # noqa: E402
 
 WHEELS = CACHE / "wheels"
@@ -61,10 +62,6 @@ def versions(pkg: str) -> list[str]:
     out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", pkg], capture_output=True, text=True).stdout
     m = re.search(r"Available versions: (.*)", out)
     return [v.strip() for v in m.group(1).split(",")] if m else []
-
-
-def vtuple(v: str) -> tuple:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
 
 def latest_per_minor(all_versions: list[str], lo: tuple) -> list[str]:

@@ -25,6 +25,8 @@ def load(path: Path = DATA) -> dict:
 
 
 def vtuple(v: str) -> tuple:
+    """A release (or driver) version as numbers, each dot-separated part's digits: 0.5.12.post1 -> (0, 5, 12, 1),
+    570.124.06 -> (570, 124, 6).  The one version parser of the controller (filter version_tuple, the matrix)."""
     out = []
     for part in str(v).split("."):
         digits = "".join(ch for ch in part if ch.isdigit())

@@ -8,9 +8,10 @@ compare engine names: a test enforces it (``tests/unit/test_engines.py``).  An e
 SkyPilot registers its load-balancing policies: ``@register`` on a subclass of ``Engine``.
 
 How to add an engine (docs/design.md, "Adding an engine"): a module here with an ``Engine`` subclass and
-``@register`` (every module of this package is imported and registers itself); its argv builder (one place per engine, like ``deployer/serve.py``); its verifier
-``roles/verify/files/<name>_verify.py``; its log rules in ``module_utils/vllm_logs.py`` (``RULESETS``) and a
-stand-in in ``deployer/sandbox/`` for the sandbox.  No role changes.
+``@register`` (every module of this package is imported and registers itself); its argv builder (one place per
+engine, like ``deployer/serve.py``); its verifier ``roles/verify/files/<name>_verify.py``; its log rules in
+``module_utils/vllm_logs.py`` (``RULESETS``) and a stand-in in ``deployer/sandbox/`` for the sandbox.  No role
+changes.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ except ImportError:
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from deployer import controller_id, drafter, engines, plan, serve, settings_check  # noqa: E402
+from deployer import controller_id, drafter, engines, plan, serve, settings_check, versions  # noqa: E402
 from deployer.ansible_plugins.module_utils import formats, vllm_logs  # noqa: E402
 
 
@@ -77,11 +77,8 @@ def _gib(n):
 
 
 def version_tuple(v):
-    out = []
-    for p in str(v).split("."):
-        digits = "".join(ch for ch in p if ch.isdigit())
-        out.append(int(digits) if digits else 0)
-    return out
+    """A version as a list of numbers for comparison (deployer.versions.vtuple: the one parser)."""
+    return list(versions.vtuple(v))
 
 
 def _trace(what):
