@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import ProgressColumn
@@ -24,9 +25,20 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 # role -> stage name shown to the operator (the order of playbooks/up.yml)
-STAGES = {"preflight": "preflight", "vllm_install": "install", "vllm_patch": "patch", "drafter": "drafter",
-          "render": "render", "verify": "verify", "prewarm": "prewarm", "balancer": "balancer", "start": "start",
-          "watch": "watch", "smoke": "smoke", "release": "release"}
+def _stages() -> dict:
+    """role -> the stage word printed for it.  Each stage role names its stage once, in its meta/main.yml (its
+    dependency on the ``stage`` role, which times it for the audit line); the balancer's tasks show as its own."""
+    import yaml
+    out = {}
+    for meta in sorted((Path(__file__).resolve().parent.parent / "roles").glob("*/meta/main.yml")):
+        for dep in (yaml.safe_load(meta.read_text()) or {}).get("dependencies") or []:
+            if isinstance(dep, dict) and dep.get("role") == "stage":
+                out[meta.parent.parent.name] = str(dep["stage_name"])
+    out.setdefault("balancer", "balancer")
+    return out
+
+
+STAGES = _stages()
 ROLLBACK_TASKS = "/roles/release/tasks/rollback.yml"
 QUIET_MSGS = ("All assertions passed", "All items completed")
 SET_FACT = ("ansible.builtin.set_fact", "set_fact")
