@@ -32,5 +32,5 @@ def test_the_newest_measured_vllm_deploys_and_serves_verified_by_its_own_checks(
     assert rel["vllm_version"] == NEWEST and rel["patches"] == [] and rel["venv"] == venv(NEWEST)
     assert f"supports_eagle3(KimiK25ForConditionalGeneration) = True (vLLM {NEWEST}" in sh(
         H, f"journalctl -u {SVC} --no-pager")
-    assert rel["result"] == "ok" and rel["acceptance_rate"] > 0, rel
+    assert rel["result"] == "live" and rel["acceptance_rate"] > 0, rel
     assert sh(H, "curl -s -o /dev/null -w '%{http_code}' " + auth() + " localhost:8000/v1/models") == "200"

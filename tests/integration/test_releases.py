@@ -106,7 +106,7 @@ def test_plain_ansible_playbook_without_this_package():
     new = sh(H, "basename $(readlink /opt/deployer/current)")
     assert new != live and main_pid(H) != pid
     assert "20480" in json.loads(sh(H, "cat /opt/deployer/current/release.json"))["argv"]
-    assert json.loads(sh(H, "cat /opt/deployer/current/release.json"))["result"] == "ok"
+    assert json.loads(sh(H, "cat /opt/deployer/current/release.json"))["result"] == "live"
     assert sh(H, "curl -s -o /dev/null -w '%{http_code}' " + auth() + " localhost:8000/v1/models") == "200"
     r = subprocess.run([str(bin_ / "ansible-playbook"), "-i", inv, "playbooks/releases.yml", "-v"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
