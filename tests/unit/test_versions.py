@@ -84,3 +84,9 @@ def test_bad_input_is_a_usage_error(args, said):
     r = subprocess.run([sys.executable, "-m", "deployer.cli", "versions", *args], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 2 and said in " ".join(r.stderr.split()), r.stderr
+
+
+@pytest.mark.parametrize("a, b", [("570.124.06", "570.0"), ("0.5.12.post1", "0.5.12"), ("0.33.0", "0.9.9")])
+def test_one_version_order_for_drivers_and_releases(a, b):
+    from deployer.ansible_plugins.filter_plugins.deployer_filters import version_tuple
+    assert vs.vtuple(a) > vs.vtuple(b) and version_tuple(a) > version_tuple(b)
