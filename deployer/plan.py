@@ -112,6 +112,11 @@ def probe_host(bind: str) -> str:
     return probe_address(bind)
 
 
+def probe_url(probe: str, port) -> str:
+    """``http://<probe_host>:<port>`` (an IPv6 address in brackets): where health, watch and smoke ask."""
+    return f"http://{'[' + probe + ']' if ':' in probe else probe}:{port}"
+
+
 def _a(word: str) -> str:
     return ("an " if word[:1] in "aeiou" else "a ") + word
 
@@ -220,7 +225,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     return with_devices({
         "backend": backend, "engine": eng.describe(version),
         "extra_args_count": len(s.get(eng.extra_args_setting) or []),
-        "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{s.get('port')}",
+        "probe_host": probe, "probe_url": probe_url(probe, s.get("port")),
         "vllm_version": version if eng.version_setting == "vllm_version" else None, "venv": venv,
         "python": f"{venv}/bin/python",
         "credentials": credentials,
@@ -303,7 +308,7 @@ def release_plan(manifest: dict | None, settings: dict) -> dict:
     return {
         "backend": eng.name, "engine": eng.describe(str(m.get("engine_version") or m.get("vllm_version") or "")),
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "port": port,
-        "probe_host": probe, "probe_url": f"http://{'[' + probe + ']' if ':' in probe else probe}:{port}",
+        "probe_host": probe, "probe_url": probe_url(probe, port),
         "secrets": live_secrets(dirs, service), "dirs": dirs,
         "served_model_name": m.get("served_model_name", s.get("served_model_name")),
         "model_dir": m.get("model_dir", s.get("model_dir")), "venv": m.get("venv") or "",
