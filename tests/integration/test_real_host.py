@@ -308,6 +308,11 @@ def test_07_a_verified_launch_is_not_verified_again():
     r = up("-e", "deployer_max_model_len=16384")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "accepts this launch" in flat(r.stderr) and "cached" not in flat(r.stderr), r.stderr
+    # guards: what vLLM's model registry learnt in the venv's first checks (test_01) is handed to these: vLLM
+    # inspected the Kimi class again in two subprocesses of its own, re-importing vLLM and torch (~20 CPU-s), each run
+    report = json.loads(sh(H, "cat $(ls -t /opt/deployer/cache/verify/[0-9a-f]*.json | head -1)"))
+    assert "vllm-model_executor-models-kimi_k25-KimiK25ForConditionalGeneration.json" \
+        in report["engine_cache"]["seeded"] and report["engine_cache"]["changed"] is False, report["engine_cache"]
     assert deployer("rollback", "--sandbox").returncode == 0
     # guards: the same launch on the same code reuses vLLM's verdict (keyed by argv, patch fingerprint,
     # vLLM version, model config, platform, verifier); a different launch is verified afresh

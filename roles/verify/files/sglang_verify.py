@@ -56,6 +56,8 @@ def main():
                     "not see them set any flag the deployer manages, whatever the spelling")
     ap.add_argument("--drafter-dir", help="read the drafter's config.json from here instead of the argv's path "
                     "(its config shipped ahead of the weights: the checks run while the weights are copied)")
+    ap.add_argument("--engine-cache", help="accepted for the role's sake: SGLang's checks keep nothing between runs "
+                    "(vllm_verify.py keeps vLLM's model-registry answers)")
     a = ap.parse_args()
     with open(a.argv_json) as f:
         argv = json.load(f)

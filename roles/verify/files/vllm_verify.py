@@ -12,11 +12,18 @@ the checks then run anywhere, GPU host or not, and never touch a GPU (a CUDA con
 device memory on GPU 0 while the live server holds it).  ``auto`` lets vLLM resolve its platform
 (NVML only; on a GPU host: CUDA, so CUDA-specific validation runs too) and falls back to the CPU
 platform when none is found.  The report says which platform validated the launch.
+Engine cache (``--engine-cache FILE``): vLLM inspects a model class it has not loaded in a subprocess that imports
+vLLM and torch again (``_run_in_subprocess`` in its model registry: ~9 s and a core each, twice for Kimi-K2.5's config
+validation), and keeps the answer in ``$VLLM_CACHE_ROOT/modelinfos/``, keyed by the hash of the model's source file.
+The checks run with a private, throw-away /tmp, so that cache was lost after every run.  The report carries it back
+(``engine_cache``); the verify stage keeps it as root's file, one per venv, and hands it in here on the next run:
+vLLM itself checks each entry's source hash and inspects afresh on any mismatch.
 Prints one JSON object; exit 0 only when every check passed.
 """
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -39,6 +46,48 @@ def ran_as():
     return {"uid": uid, "user": name}
 
 
+MODELINFO_NAME = re.compile(r"[A-Za-z0-9_.-]+\.json")
+
+
+def modelinfo_dir():
+    """vLLM's own cache root (vllm/envs.py: VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm, else ~/.cache/vllm)."""
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm")
+    return os.path.join(os.path.expanduser(root), "modelinfos")
+
+
+def seed_modelinfos(path):
+    """Write the entries of an earlier run's engine cache (JSON: {file name: modelinfo}) where vLLM looks for them;
+    the names seeded.  A missing or unreadable file seeds nothing (the first run of a venv)."""
+    try:
+        with open(path) as f:
+            entries = json.load(f).get("modelinfos", {})
+    except (OSError, ValueError, AttributeError):
+        return []
+    d = modelinfo_dir()
+    os.makedirs(d, exist_ok=True)
+    seeded = []
+    for name, info in sorted(entries.items()):
+        if MODELINFO_NAME.fullmatch(name) and isinstance(info, dict):
+            with open(os.path.join(d, name), "w") as f:
+                json.dump(info, f)
+            seeded.append(name)
+    return seeded
+
+
+def modelinfos_now():
+    d = modelinfo_dir()
+    out = {}
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if MODELINFO_NAME.fullmatch(name):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    out[name] = json.load(f)
+            except (OSError, ValueError):
+                pass
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
@@ -49,6 +98,7 @@ def main():
                     "not see them set any flag the deployer manages, whatever the spelling")
     ap.add_argument("--drafter-dir", help="read the drafter's config.json from here instead of the argv's path "
                     "(its config shipped ahead of the weights: the checks run while the weights are copied)")
+    ap.add_argument("--engine-cache", help="an earlier run's engine cache for this venv (see the module's doc)")
     a = ap.parse_args()
     with open(a.argv_json) as f:
         argv = json.load(f)
@@ -80,6 +130,10 @@ def main():
             return False
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    seeded = {}
+    if a.engine_cache:
+        names = seed_modelinfos(a.engine_cache)
+        seeded = {n: info for n, info in modelinfos_now().items() if n in names}
     from vllm import platforms
     resolved = None
     if a.platform == "auto":
@@ -173,6 +227,8 @@ def main():
                         "safetensors_load_strategy": getattr(load, "safetensors_load_strategy", None)}
             check("model_loader", model_loader)
 
+    now = modelinfos_now()
+    report["engine_cache"] = {"seeded": sorted(seeded), "changed": now != seeded, "modelinfos": now}
     report["seconds"] = round(time.time() - STARTED, 2)
 
     sys.stdout.write("DEPLOYER-VERIFY " + json.dumps(report, default=str) + "\n")
