@@ -29,15 +29,18 @@ def pytest_configure(config):
         os.environ["DEPLOYER_SANDBOX_SLOT"] = str(int(worker[2:]) + int(os.environ.get("DEPLOYER_SANDBOX_SLOT", "0")))
 
 
-# The longest test modules first.  pytest-xdist's loadfile scheduler hands modules to workers in collection order,
-# so a multi-minute module collected last (alphabetically) ran alone at the end of the run; longest-first shortens
-# the whole run.  Ordered by each module's summed --durations of the last full run (session 9: 27, 27, 27, 25, 20,
-# 18, 17, 14, 13, 9, 8, 6 min under three workers); modules not listed follow.
-HEAVY_FIRST = ("test_sandbox.py", "test_faults_load.py", "test_real_host.py", "test_releases.py",
-               "test_controller_killed.py", "test_fleet.py", "test_sglang.py", "test_engine_versions.py",
-               "test_faults_smoke.py",
-               "test_many_hosts.py", "test_watch.py", "test_reboot.py", "test_become.py", "test_real_venv.py",
-               "test_lint.py")
+# The longest test modules first.  pytest-xdist's loadfile scheduler hands modules to workers in collection order
+# when told not to reorder (scripts/dev.sh passes --no-loadscope-reorder: by default it sorts modules by their
+# number of tests, so the unit modules' hundreds of parametrised cases went first and this order was ignored).
+# First the two modules whose cold deploys are their point (one makes the run's seed, sandbox_helpers.SEED) and,
+# beside them, the two that need no sandbox, so no seeded module starts before a seed exists; then the rest by
+# their summed --durations in the last full run (session 13, cold caches: faults_load 1366, releases 1003,
+# controller_killed 839, sglang 802, faults_smoke 625, fleet 566, many_hosts 447, watch 396, reboot 313,
+# engine_versions 226, become 143 s); modules not listed follow.
+HEAVY_FIRST = ("test_real_host.py", "test_sandbox.py", "test_real_venv.py", "test_lint.py",
+               "test_faults_load.py", "test_releases.py", "test_controller_killed.py", "test_sglang.py",
+               "test_faults_smoke.py", "test_fleet.py", "test_many_hosts.py", "test_watch.py", "test_reboot.py",
+               "test_engine_versions.py", "test_become.py", "test_patch_engine.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
