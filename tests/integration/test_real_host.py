@@ -461,3 +461,11 @@ def test_13_a_line_end_or_a_managed_flag_in_any_spelling_is_refused_before_anyth
         r = up("-e", json.dumps({"deployer_extra_args": words}))
         assert r.returncode == 3 and said in flat(r.stderr), (words, r.stdout + r.stderr)
     assert (main_pid(H), sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/releases")) == before
+    # guards (issue 23, sm_120): an attention backend the GPUs cannot run is refused by the installed vLLM's own
+    # backend class for the compute capability preflight measured (12.0 here), before the restart; vLLM itself
+    # checks it only when it selects the backend on the GPU, after the restart and minutes of loading
+    r = up("-e", json.dumps({"deployer_extra_args": ["--attention-backend", "FLASHMLA"]}))
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "[attention_backend] RuntimeError: attention backend FLASHMLA does not run on compute capability 12.0" \
+        in flat(r.stderr), r.stderr
+    assert (main_pid(H), sh(H, "readlink /opt/deployer/current")) == before[:2]

@@ -31,7 +31,8 @@ def clone_033(tmp_path_factory):
     return v     # native: nothing is patched, the prepared venv is used as it is
 
 
-def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=False, raw_extra=(), **load):
+def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=False, raw_extra=(), compute_caps=(),
+           skip_config=False, **load):
     """vLLM's own checks on a rendered argv.  ``config_only``: the argv names a drafter directory that does not
     exist yet (its weights still being copied) and the verifier reads the drafter's config.json, shipped ahead,
     from another directory (``--drafter-dir``), as the verify role runs it beside the drafter copy."""
@@ -53,6 +54,7 @@ def verify(clone, tmp_path, platform="cpu", drafter_config=None, config_only=Fal
     argv += list(raw_extra)    # words the controller's own guard never saw (what the engine's parser must catch)
     n_extra = len(load.get("extra_args") or []) + len(raw_extra)
     extra += ["--extra-args", str(n_extra)] if n_extra else []
+    extra += [f"--compute-cap={c}" for c in compute_caps] + (["--skip-config"] if skip_config else [])
     (tmp_path / "argv.json").write_text(json.dumps(argv))
     r = subprocess.run([str(clone / "bin/python"), str(ROOT / "roles/verify/files/vllm_verify.py"),
                         "--argv-json", str(tmp_path / "argv.json"), "--platform", platform, *extra],
@@ -79,10 +81,12 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
     root = pe.vllm_root_of(str(clone))
     assert pe.apply(root)["patches"] == ["P1", "P2", "P3", "P4", "P5"]
     # the load knobs the deployer exposes pass vLLM's own parser and config (deployer/serve.py)
-    rc, checks = verify(clone, tmp_path / "after", platform="auto", safetensors_load_strategy="eager",
+    rc, checks = verify(clone, tmp_path / "after", platform="auto", compute_caps=["12.0"],
+                        safetensors_load_strategy="eager",
                         model_loader_extra_config={"enable_multithread_load": True, "num_threads": 8},
                         extra_args=["--max-num-seqs", "8"])
     assert rc == 0, checks
+    assert "attention_backend" not in checks        # none named: the engine chooses on the GPU, nothing to ask
     assert checks["managed_flags"]["ok"] and checks["managed_flags"]["detail"]["extra_args"] == ["--max-num-seqs", "8"]
     assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
                                                    "DeepseekV2ForCausalLM": True}
@@ -113,6 +117,27 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
         drafter_config(), architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
     assert rc == 1 and "Eagle3Qwen2ForCausalLM" in checks["config_validation"]["error"]
     pe.revert(root)
+
+
+@pytest.mark.parametrize("release", ["clone", "clone_033"])
+def test_an_attention_backend_the_gpus_cannot_run_is_refused_by_the_installed_vllm_itself(release, request, tmp_path):
+    """Issue 23, sm_120: vLLM checks a backend's compute capability only when it selects it on the GPU, after the
+    restart.  The verifier asks the installed release's own backend class, for each capability preflight measured;
+    the verdict is vLLM's (FlashMLA runs on Hopper, not on sm_120), not a list kept here."""
+    clone = request.getfixturevalue(release)
+    rc, checks = verify(clone, tmp_path / "flashmla", compute_caps=["9.0", "12.0"], skip_config=True,
+                        extra_args=["--attention-backend", "FLASHMLA"])
+    # (rc and the other checks: the clone may be unpatched here; only the backend's verdict is this test's)
+    err = checks["attention_backend"].get("error", "")
+    assert not checks["attention_backend"]["ok"], checks
+    assert "attention backend FLASHMLA does not run on compute capability 12.0, which" in err, err  # 9.0 not named
+    assert "FlashMLABackend.supports_compute_capability" in err, err
+    if release == "clone":
+        # the one MLA backend every release here runs on sm_120 (vllm/platforms/cuda.py's priorities for major 12)
+        rc, checks = verify(clone, tmp_path / "triton", compute_caps=["12.0"], skip_config=True,
+                            extra_args=["--attention-backend", "TRITON_MLA"])
+        ab = checks["attention_backend"]
+        assert ab["ok"] and ab["detail"]["compute_caps"] == {"12.0": True}, checks
 
 
 def test_load_settings_the_installed_release_refuses_at_the_load_are_refused_by_its_own_loader_first(clone_033,

@@ -58,6 +58,8 @@ def main():
                     "(its config shipped ahead of the weights: the checks run while the weights are copied)")
     ap.add_argument("--engine-cache", help="accepted for the role's sake: SGLang's checks keep nothing between runs "
                     "(vllm_verify.py keeps vLLM's model-registry answers)")
+    ap.add_argument("--compute-cap", action="append", default=[], help="accepted for the role's sake: SGLang's "
+                    "attention backends on sm_120 are refused by the deployer's own preflight (serve_sglang.py)")
     a = ap.parse_args()
     with open(a.argv_json) as f:
         argv = json.load(f)

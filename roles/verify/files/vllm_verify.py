@@ -88,6 +88,49 @@ def modelinfos_now():
     return out
 
 
+def attention_backend_of(ns):
+    """The attention backend the launch names (--attention-backend, or --attention-config's backend), as vLLM's
+    enum name; None when the engine chooses."""
+    b = getattr(ns, "attention_backend", None)
+    if b is None:
+        ac = getattr(ns, "attention_config", None)
+        b = ac.get("backend") if isinstance(ac, dict) else getattr(ac, "backend", None)
+    if b is None:
+        return None
+    return b.name if hasattr(b, "name") else str(b).upper()
+
+
+def backend_runs_on(name, caps):
+    """Ask the installed vLLM's own backend class (``supports_compute_capability``) about each compute capability.
+    vLLM checks it only when it selects the backend on the GPU, after the restart; a backend whose module cannot be
+    imported without a GPU driver here is reported unchecked, not refused."""
+    from vllm.platforms.interface import DeviceCapability
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:      # releases before the v1 registry
+        from vllm.attention.backends.registry import AttentionBackendEnum
+    if name not in AttentionBackendEnum.__members__:
+        raise RuntimeError("attention backend %s: not one of this vLLM's (%s)"
+                           % (name, ", ".join(AttentionBackendEnum.__members__)))
+    try:
+        cls = AttentionBackendEnum[name].get_class()
+    except Exception as e:   # e.g. "Found no NVIDIA driver" importing a CUDA-only module on a GPU-less run
+        return {"backend": name, "unchecked": "%s: %s" % (type(e).__name__, str(e)[:300])}
+    verdict = {}
+    for cap in caps:
+        major, _, minor = cap.partition(".")
+        if not (major.isdigit() and minor.isdigit()):
+            raise RuntimeError("compute capability %r: expected MAJOR.MINOR as nvidia-smi prints it" % cap)
+        verdict[cap] = bool(cls.supports_compute_capability(DeviceCapability(int(major), int(minor))))
+    refused = sorted(c for c, ok in verdict.items() if not ok)
+    if refused:
+        raise RuntimeError("attention backend %s does not run on compute capability %s, which this host's GPUs have "
+                           "(%s.supports_compute_capability of this vLLM; it would fail after the restart, when "
+                           "the engine selects it): name another with --attention-backend, or none to let vLLM "
+                           "choose" % (name, ", ".join(refused), cls.__name__))
+    return {"backend": name, "class": cls.__name__, "compute_caps": verdict}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
@@ -99,6 +142,9 @@ def main():
     ap.add_argument("--drafter-dir", help="read the drafter's config.json from here instead of the argv's path "
                     "(its config shipped ahead of the weights: the checks run while the weights are copied)")
     ap.add_argument("--engine-cache", help="an earlier run's engine cache for this venv (see the module's doc)")
+    ap.add_argument("--compute-cap", action="append", default=[],
+                    help="a compute capability of the host's GPUs (nvidia-smi: 12.0); an attention backend the "
+                    "launch names is asked whether it runs there (repeatable)")
     a = ap.parse_args()
     with open(a.argv_json) as f:
         argv = json.load(f)
@@ -185,6 +231,12 @@ def main():
         return {"model": ns.model, "tensor_parallel_size": ns.tensor_parallel_size,
                 "speculative_config": dict(ns.speculative_config or {})}
     parsed = check("argument_parser", parse)
+
+    backend = attention_backend_of(holder.get("args")) if parsed else None
+    if backend and a.compute_cap:
+        def attention_backend():
+            return backend_runs_on(backend, a.compute_cap)
+        check("attention_backend", attention_backend)
 
     if parsed and a.extra_args > 0:
         def managed_flags():
