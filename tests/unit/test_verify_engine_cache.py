@@ -22,7 +22,7 @@ def test_entries_land_where_vllm_looks_and_nothing_else_is_written(tmp_path, mon
     # a name with a path in it, or an entry that is not an object, is never written
     cache.write_text(json.dumps({"modelinfos": {good: info, "../../escape.json": info, "x.json": "not a dict",
                                                 "no-suffix": info}}))
-    assert v.seed_modelinfos(str(cache)) == [good]
+    assert v.seed_modelinfos(str(cache)) == {good: info}
     assert sorted(p.name for p in (tmp_path / "vllm" / "modelinfos").iterdir()) == [good]
     assert not (tmp_path / "escape.json").exists()
     assert v.modelinfos_now() == {good: info}
@@ -31,11 +31,11 @@ def test_entries_land_where_vllm_looks_and_nothing_else_is_written(tmp_path, mon
 def test_a_missing_or_broken_cache_seeds_nothing(tmp_path, monkeypatch):
     v = verifier()
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
-    assert v.seed_modelinfos(str(tmp_path / "none.json")) == []
+    assert v.seed_modelinfos(str(tmp_path / "none.json")) == {}
     (tmp_path / "broken.json").write_text("{not json")
-    assert v.seed_modelinfos(str(tmp_path / "broken.json")) == []
+    assert v.seed_modelinfos(str(tmp_path / "broken.json")) == {}
     (tmp_path / "list.json").write_text("[]")
-    assert v.seed_modelinfos(str(tmp_path / "list.json")) == []
+    assert v.seed_modelinfos(str(tmp_path / "list.json")) == {}
     assert v.modelinfos_now() == {}
 
 

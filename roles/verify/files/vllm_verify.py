@@ -58,20 +58,20 @@ def modelinfo_dir():
 
 def seed_modelinfos(path):
     """Write the entries of an earlier run's engine cache (JSON: {file name: modelinfo}) where vLLM looks for them;
-    the names seeded.  A missing or unreadable file seeds nothing (the first run of a venv)."""
+    the entries seeded ({name: modelinfo}).  A missing or unreadable file seeds nothing (the first run of a venv)."""
     try:
         with open(path) as f:
             entries = json.load(f).get("modelinfos", {})
     except (OSError, ValueError, AttributeError):
-        return []
+        return {}
     d = modelinfo_dir()
     os.makedirs(d, exist_ok=True)
-    seeded = []
+    seeded = {}
     for name, info in sorted(entries.items()):
         if MODELINFO_NAME.fullmatch(name) and isinstance(info, dict):
             with open(os.path.join(d, name), "w") as f:
                 json.dump(info, f)
-            seeded.append(name)
+            seeded[name] = info
     return seeded
 
 
@@ -176,10 +176,7 @@ def main():
             return False
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    seeded = {}
-    if a.engine_cache:
-        names = seed_modelinfos(a.engine_cache)
-        seeded = {n: info for n, info in modelinfos_now().items() if n in names}
+    seeded = seed_modelinfos(a.engine_cache) if a.engine_cache else {}
     from vllm import platforms
     resolved = None
     if a.platform == "auto":
