@@ -105,10 +105,7 @@ def backend_runs_on(name, caps):
     vLLM checks it only when it selects the backend on the GPU, after the restart; a backend whose module cannot be
     imported without a GPU driver here is reported unchecked, not refused."""
     from vllm.platforms.interface import DeviceCapability
-    try:
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum
-    except ImportError:      # releases before the v1 registry
-        from vllm.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # every supported release (>= 0.16)
     if name not in AttentionBackendEnum.__members__:
         raise RuntimeError("attention backend %s: not one of this vLLM's (%s)"
                            % (name, ", ".join(AttentionBackendEnum.__members__)))
