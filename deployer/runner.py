@@ -199,6 +199,8 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
     # ansible-runner turns host-key checking OFF unless told otherwise (config/_base.py); we never do that.
     env = {"ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_HOST_KEY_CHECKING": "True",
+           # ansible-runner appends its own callback directory to this one; ansible.cfg's would be overridden
+           "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "deployer" / "ansible_plugins" / "callback_plugins"),
            # ansible-playbook from this venv, ssh from the system: never whichever the caller's PATH finds first
            "PATH": tools.subprocess_path()}
     # ansible-runner finds `ansible-playbook` on this PATH: the first one is the shim that binds it to us (an
