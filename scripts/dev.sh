@@ -13,7 +13,7 @@ if [ -z "${_DEPLOYER_DEV_SCRUBBED:-}" ]; then
   keep=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin _DEPLOYER_DEV_SCRUBBED=1)
   for name in $(compgen -e); do
     case "$name" in
-      HOME|USER|LOGNAME|LANG|LC_*|TERM|TZ|CI|DEPLOYER_SANDBOX_SLOT|DEPLOYER_TEST_WORKERS) keep+=("$name=${!name}") ;;
+      HOME|USER|LOGNAME|LANG|LC_*|TERM|TZ|CI|DEPLOYER_SANDBOX_SLOT|DEPLOYER_TEST_WORKERS|DEPLOYER_TEST_CPU_FILE) keep+=("$name=${!name}") ;;
       http_proxy|https_proxy|no_proxy|all_proxy|HTTP_PROXY|HTTPS_PROXY|NO_PROXY|ALL_PROXY) keep+=("$name=${!name}") ;;
       *CA_BUNDLE*|*CA_CERTS*|SSL_CERT_FILE|SSL_CERT_DIR|*_CAINFO|PIP_CERT) keep+=("$name=${!name}") ;;
     esac

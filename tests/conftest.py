@@ -46,3 +46,34 @@ HEAVY_FIRST = ("test_real_host.py", "test_sandbox.py", "test_real_venv.py", "tes
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: a module's own order is kept
+
+
+# DEPLOYER_TEST_CPU_FILE=path (scripts/dev.sh passes it through): one JSON line per test with the CPU seconds its
+# own processes used (the worker and every child it waited for: the CLI, ansible-playbook and its workers, vLLM's
+# checks run here) and the wall seconds, for bench/suite_cpu.py.  A sandbox host's processes (sshd, modules, units)
+# are counted only when the host stops (its container is a child reaped then): on the test whose teardown stops it.
+# Measurement only: nothing is asserted on it.
+def _cpu_now():
+    import resource
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def pytest_runtest_protocol(item, nextitem):
+    import os
+    path = os.environ.get("DEPLOYER_TEST_CPU_FILE")
+    if not path:
+        return None
+    import json
+    import time
+
+    from _pytest.runner import runtestprotocol
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    c0, t0 = _cpu_now(), time.time()
+    runtestprotocol(item, nextitem=nextitem)
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_now() - c0, 2),
+                            "wall_s": round(time.time() - t0, 2),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True

@@ -1,8 +1,11 @@
 # -*- coding: utf-8 -*-
-"""What the deployer's modules read on a host, in one place: a unit's systemd properties, a plain HTTP GET of the
-server, the NVIDIA character devices the driver registered.  Standard library only (modules run it on the host;
-the controller imports it from the package)."""
+"""What the deployer's modules read and write on a host, in one place: a unit's systemd properties, a plain HTTP GET
+of the server, the NVIDIA character devices the driver registered, a file replaced whole (write_atomic).  Standard
+library only (modules run it on the host; the controller imports it from the package)."""
 from __future__ import annotations
+
+import os
+import tempfile
 
 
 def systemd_show(service, props, run=None):
@@ -70,3 +73,20 @@ def nvidia_devices(path="/proc/devices"):
     except OSError:
         pass
     return sorted(devs)
+
+
+def write_atomic(path, data, mode):
+    """``data`` (text or bytes) to ``path`` through a temp file in the same directory and a rename: a reader never
+    sees half a file.  The mode is set before any byte is written (a secret file is never readable by others)."""
+    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(path))
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

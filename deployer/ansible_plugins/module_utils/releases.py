@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 try:
-    from ansible.module_utils.host_io import http_get, nvidia_devices, systemd_show  # on the host
-except ImportError:
-    from deployer.ansible_plugins.module_utils.host_io import http_get, nvidia_devices, systemd_show  # controller
+    from ansible.module_utils.host_io import http_get, nvidia_devices, systemd_show, write_atomic  # on the host
+except ImportError:    # the controller
+    from deployer.ansible_plugins.module_utils.host_io import http_get, nvidia_devices, systemd_show, write_atomic
 
 
 def read_release(release_dir):
@@ -469,20 +468,3 @@ def host_state(root, service, target=None, want_secrets=False):
                 t["api_key"] = key
         out["target"] = t
     return out
-
-
-def write_atomic(path, data, mode):
-    """``data`` (text or bytes) to ``path`` through a temp file in the same directory and a rename: a reader never
-    sees half a file.  The mode is set before any byte is written (a secret file is never readable by others)."""
-    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(path))
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

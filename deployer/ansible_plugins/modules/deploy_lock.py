@@ -99,6 +99,7 @@ import shutil
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.host_io import write_atomic
 
 
 def read(path):
@@ -181,10 +182,7 @@ def main():
             os.mkdir(path, 0o755)  # atomic: exactly one concurrent run wins
         except FileExistsError:
             m.fail_json(msg="host is locked by a concurrent run (lost the race)", holder=read(path) or {}, locked=True)
-        tmp = os.path.join(path, ".holder.tmp")
-        with open(tmp, "w") as f:
-            json.dump(rec, f)
-        os.rename(tmp, os.path.join(path, "holder.json"))
+        write_atomic(os.path.join(path, "holder.json"), json.dumps(rec), 0o644)
         m.exit_json(changed=True, holder=rec, took_over=took_over)
     # absent
     audited = False

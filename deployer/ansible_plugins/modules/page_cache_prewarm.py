@@ -106,6 +106,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.host_io import write_atomic
 
 CHUNK = 8 << 20
 
@@ -234,10 +235,7 @@ def main():
         except OSError:
             pass
     else:
-        tmp = p["state_file"] + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(st, f)
-        os.rename(tmp, p["state_file"])
+        write_atomic(p["state_file"], json.dumps(st), 0o644)
     rate = done / st["seconds"] / 2.0 ** 30 if st["seconds"] else 0.0
     res.update(state="done" if finished else "running", done_bytes=done, seconds=st["seconds"],
                percent=round(100.0 * done / total, 1) if total else 100.0,
