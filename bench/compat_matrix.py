@@ -105,6 +105,22 @@ def spec_fields(src: str) -> list[str]:
     return []
 
 
+DLR = {"declared": "accepted (its own flag)", "inverse": "accepted (--enable-log-requests' inverse: off)",
+       "refused": "refused by its parser"}
+
+
+def disable_log_requests(allsrc: str) -> str:
+    """What that release's parser does with ``--disable-log-requests``: ``declared`` (its own flag, deprecated in
+    0.16), ``inverse`` (not declared, but 0.33's FlexibleArgumentParser pairs every ``--enable-x`` boolean with a
+    ``--disable-x`` that sets it false: EnableDisableAction in vllm/utils/argparse_utils.py, and
+    ``--enable-log-requests`` is one), or ``refused`` (its parser exits with "unrecognized arguments")."""
+    if "disable-log-requests" in allsrc or "disable_log_requests" in allsrc:
+        return "declared"
+    if '"--enable-": "--disable-"' in allsrc and '"--enable-log-requests"' in allsrc:
+        return "inverse"
+    return "refused"
+
+
 def vllm_row(version: str) -> dict:
     row: dict = {"engine": "vLLM", "version": version}
     try:
@@ -155,7 +171,7 @@ def vllm_row(version: str) -> dict:
     m = re.search(r'os\.getenv\(\s*"VLLM_USE_V2_MODEL_RUNNER",\s*("?\w+"?)', envs)
     row["model_runner_v2_default"] = ({'"1"': "on", '"0"': "off", "None": "auto"}.get(m.group(1), m.group(1))
                                       if m else "-")
-    row["disable_log_requests_flag"] = "disable-log-requests" in allsrc or "disable_log_requests" in allsrc
+    row["disable_log_requests"] = disable_log_requests(allsrc)
     from deployer.source_check import missing_imports
     row["verifier_missing"] = missing_imports((ROOT / "roles/verify/files/vllm_verify.py").read_text(), "vllm", py.get)
     return row
@@ -203,6 +219,8 @@ def table(rows: list[dict], commit: str, today: str = "") -> str:
            "whether every name the deployer's verify script imports from vLLM exists in that release "
            "(`deployer/source_check.py`; a missing one fails the verify stage: until 2026-12-01 the verifier took "
            "`validate_parsed_serve_args` from `entrypoints/openai/cli_args.py`, which 0.29-0.33 do not have); "
+           "**--disable-log-requests** what its parser does with that flag, read from its source (its own flag; the "
+           "inverse every `--enable-x` boolean gets from 0.33's parser; or refused); "
            "**torch** its pin (the lent GPU "
            "machine has torch 2.11).\n",
            "Not run per release (each needs ~11 GB installed): the engine's own checks on the rendered argv, the "
@@ -225,7 +243,7 @@ def table(rows: list[dict], commit: str, today: str = "") -> str:
         out.append(f"| {r['version']} | {r['patch']} | {', '.join(r['wordings'])} | {'/'.join(r['load_strategies'])} "
                    f"| {', '.join(r['spec_keys']) or '-'} | {'yes' if r['eagle3_target_check'] else 'no'} | "
                    f"{r['aux_ids']} | {r['fc_sizing']} | {r['model_runner_v2_default']} | "
-                   f"{'present' if r['disable_log_requests_flag'] else 'removed'} | "
+                   f"{DLR[r['disable_log_requests']]} | "
                    f"{('lacks ' + ', '.join(r['verifier_missing'])) if r['verifier_missing'] else 'ok'} | "
                    f"{r['torch']} |")
     out += ["", "## SGLang\n", "| SGLang | capability probe (Kimi-K2.5 + EAGLE-3, Llama drafter) | aux ids | torch |",

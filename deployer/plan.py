@@ -49,7 +49,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from deployer import engines, serve, serve_sglang
+from deployer import engines, serve, serve_sglang, versions
 from deployer.ansible_plugins.module_utils import formats
 
 SECRET_KEYS = ("api_key", "hf_token")
@@ -193,7 +193,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     credentials = eng.credentials(s)
     try:
         argv = eng.argv(s, venv, drafter, credentials)
-        why = eng.refusal(version, speculative, drafter, s)
+        why = eng.refusal(version, speculative, drafter, s) or versions.measured_refusal(eng.label, version)
         if why:
             raise PlanError(why)
         for word in argv:      # every word reaches the unit's ExecStart= line (formats.unit_word)

@@ -115,6 +115,32 @@ def report(data: dict, compute_cap: str = "12.0", default: dict | None = None) -
                                            "the verdicts come from source, the sandbox and other GPUs")}
 
 
+def measured_refusal(engine: str, version: str, path: Path | None = None) -> str:
+    """Why the measured matrix refuses exactly this release ("" when it does not, or has no row for it): the plan
+    refuses it before anything is installed (a refused vLLM was found only by the patch stage, after a ~10 GB
+    install).  A release newer than the measurement has no row: the patch engine decides on its real files."""
+    data = _cached(str(path or DATA))
+    for r in data["rows"]:
+        if r["engine"] == engine and r["version"] == version:
+            outcome, why = verdict(r)
+            why = why.removeprefix(f"{engine} {version}: ")
+            if outcome == "refused":
+                return (f"{engine} {version} cannot serve Kimi-K2.5 with EAGLE-3 as measured from its own wheel "
+                        f"(deployer versions; docs/compatibility.md, deployer commit {data.get('commit', '?')}): "
+                        f"{why}. Choose a release `deployer versions` supports (deployer_{engine.lower()}_version)")
+            return ""
+    return ""
+
+
+_LOADED: dict = {}
+
+
+def _cached(path: str) -> dict:
+    if path not in _LOADED:
+        _LOADED[path] = load(Path(path))
+    return _LOADED[path]
+
+
 def for_version(data: dict, engine: str, version: str) -> dict | None:
     """The measured row for ``version``, or the newest measured release of its minor (the matrix keeps the latest
     patch release per minor), or None."""

@@ -12,7 +12,11 @@ from sandbox_helpers import SVC, auth, flat, needs_sandbox, sandbox_hosts, sh, u
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
-NEWEST = max((r["version"] for r in versions.load()["rows"] if r["engine"] == "vLLM"), key=versions.vtuple)
+ROWS = [r for r in versions.load()["rows"] if r["engine"] == "vLLM"]
+# the newest release the matrix supports (a newer one it refuses is refused by the plan: the last test)
+NEWEST = max((r["version"] for r in ROWS if versions.verdict(r)[0] != "refused"), key=versions.vtuple)
+REFUSED_NEWER = sorted((r["version"] for r in ROWS if versions.verdict(r)[0] == "refused"
+                        and versions.vtuple(r["version"]) > versions.vtuple(NEWEST)), key=versions.vtuple)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -34,3 +38,16 @@ def test_the_newest_measured_vllm_deploys_and_serves_verified_by_its_own_checks(
         H, f"journalctl -u {SVC} --no-pager")
     assert rel["result"] == "live" and rel["acceptance_rate"] > 0, rel
     assert sh(H, "curl -s -o /dev/null -w '%{http_code}' " + auth() + " localhost:8000/v1/models") == "200"
+
+
+@pytest.mark.skipif(not REFUSED_NEWER, reason="the matrix refuses no release newer than its newest supported one")
+def test_a_newer_release_the_matrix_refuses_is_refused_before_anything_is_installed():
+    """vLLM 0.34.0 moved its spec-decode code (bench/compat_matrix.py: the patch engine does not recognise its
+    EAGLE proposer): the deploy stops at the plan, before a ~10 GB install, naming why; nothing on the host
+    changes (the release the test above made stays live)."""
+    v = REFUSED_NEWER[-1]
+    before = (sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/venvs"))
+    r = up("-e", f"deployer_vllm_version={v}")
+    assert r.returncode == 3, r.stdout + r.stderr        # a preflight refusal, as for any plan error
+    assert f"vLLM {v} cannot serve Kimi-K2.5 with EAGLE-3 as measured from its own wheel" in flat(r.stderr), r.stderr
+    assert (sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/venvs")) == before

@@ -220,3 +220,27 @@ def test_a_plan_bound_to_the_hosts_devices_is_the_plan_made_with_them(over):
     assert unbound["unit"]["device_allow"] == [] and unbound["release_inputs"]["devices"] == []   # not mutated
     with pytest.raises(PlanError, match="device_allow: got 'char-nvidia rw; rm'"):
         planmod.with_devices(unbound, ["char-nvidia rw; rm"])
+
+
+def test_a_release_the_measured_matrix_refuses_is_refused_before_anything_is_installed(tmp_path, monkeypatch):
+    """A vLLM whose EAGLE-3 path the patch engine cannot recognise (0.34.0 moved its spec-decode code) was found
+    only by the patch stage, after a ~10 GB install; the plan now refuses it from deployer/data/compatibility.json,
+    naming why and where to look.  A release the matrix has no row for is left to the patch engine."""
+    import json
+
+    from deployer import versions
+    data = {"commit": "abc1234", "rows": [
+        {"engine": "vLLM", "version": "0.16.0", "patch": "patched: P1", "verifier_missing": []},
+        {"engine": "vLLM", "version": "0.40.0", "verifier_missing": [],
+         "patch": "refused: vLLM 0.40.0: EAGLE proposer (v1/spec_decode/eagle.py) not recognised"}]}
+    (tmp_path / "m.json").write_text(json.dumps(data))
+    monkeypatch.setattr(versions, "DATA", tmp_path / "m.json")
+    monkeypatch.setattr(versions, "_LOADED", {})
+    with pytest.raises(PlanError) as e:
+        make_plan(settings(vllm_version="0.40.0"), DRAFTER)
+    msg = " ".join(str(e.value).split())
+    assert msg.startswith("vLLM 0.40.0 cannot serve Kimi-K2.5 with EAGLE-3 as measured from its own wheel"), msg
+    assert "EAGLE proposer (v1/spec_decode/eagle.py) not recognised" in msg and "deployer commit abc1234" in msg
+    assert "deployer_vllm_version" in msg and msg.count("vLLM 0.40.0") == 1, msg
+    assert make_plan(settings(vllm_version="0.16.0"), DRAFTER)["vllm_version"] == "0.16.0"
+    assert make_plan(settings(vllm_version="0.41.0"), DRAFTER)["vllm_version"] == "0.41.0"   # not measured

@@ -152,3 +152,34 @@ def test_load_settings_the_installed_release_refuses_at_the_load_are_refused_by_
     assert ("enable_multithread_load does not support safetensors_load_strategy='prefetch'"
             in checks["model_loader"]["error"]), checks["model_loader"]
 
+
+PARSE_ONLY = """import json
+from vllm import platforms
+from vllm.platforms.cpu import CpuPlatform
+platforms._current_platform = platforms.current_platform = CpuPlatform()   # no accelerator here (as vllm_verify)
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser(prog="vllm")
+ServeSubcommand().subparser_init(parser.add_subparsers(required=True, dest="subparser"))
+ns = parser.parse_args(["serve", "/m", "--disable-log-requests"])
+print("PARSED", json.dumps({k: v for k, v in vars(ns).items() if "log_requests" in k}))
+"""
+
+
+@pytest.mark.parametrize("version", ["0.16.0", "0.18.0", "0.33.0"])
+def test_the_matrix_says_what_each_parser_does_with_disable_log_requests(version):
+    """docs/compatibility.md's --disable-log-requests column is read from each release's source
+    (bench/compat_matrix.py); the installed release's own parser is the judge (0.33 accepts it though it declares
+    no such flag: its parser pairs every --enable-x boolean with a --disable-x)."""
+    v = CACHE / "venvs" / f"vllm-{version}"
+    need((v / ".deployer-installed").exists(), f"prepared vLLM {version} venv missing (scripts/dev.sh prepares it)")
+    row = next(r for r in json.loads((ROOT / "deployer/data/compatibility.json").read_text())["rows"]
+               if r["engine"] == "vLLM" and r["version"] == version)
+    r = subprocess.run([str(v / "bin/python"), "-c", PARSE_ONLY], capture_output=True, text=True, timeout=300)
+    if row["disable_log_requests"] == "refused":
+        assert r.returncode == 2 and "unrecognized arguments: --disable-log-requests" in r.stderr, r.stderr[-2000:]
+    else:
+        assert r.returncode == 0, r.stderr[-2000:]
+        parsed = json.loads(r.stdout.split("PARSED ", 1)[1])
+        key = "disable_log_requests" if row["disable_log_requests"] == "declared" else "enable_log_requests"
+        assert parsed[key] is (key == "disable_log_requests"), parsed
