@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -51,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 MODEL_DIR = "/srv/models/Kimi-K2.5"
 KNOBS_DIR = "/etc/deployer-sandbox"
+STANDIN_SEED = "/var/lib/deployer-sandbox/standin-seed"   # the seed's stand-in answers (root's, read-only to it)
 STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"
 DEPLOY_ROOT = "/opt/deployer"
 APT_PACKAGES = ("openssh-server", "openssh-client", "rsync", "systemd-container", "iproute2", "sudo")
@@ -299,7 +301,15 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None) -> Path:
     # the stand-in's own bookkeeping (argv.json, ready/died marks): it runs as the unprivileged service
     # user under ProtectSystem=strict, so the directory is made at boot and allowed in the inventory
     tmpfiles = mk("etc/tmpfiles.d")
-    (tmpfiles / "deployer-standin.conf").write_text("d /run/deployer-standin 1777 root root -\n")
+    conf = "d /run/deployer-standin 1777 root root -\n"
+    # a pre-baked image (save_seed) also keeps the stand-in's answers of the real supports_eagle3() (keyed by the
+    # venv's files: sizes and mtimes, which hard links keep), copied in at each boot: SANDBOX bookkeeping
+    if seed and (seed / ".standin").is_dir():
+        keep = mk(STANDIN_SEED.lstrip("/"))
+        for f in sorted((seed / ".standin").glob("eagle3-*.json")):
+            shutil.copy2(f, keep / f.name)
+            conf += f"C /run/deployer-standin/{f.name} - - - - {STANDIN_SEED}/{f.name}\n"
+    (tmpfiles / "deployer-standin.conf").write_text(conf)
     knobs = mk(KNOBS_DIR.lstrip("/"))
     (knobs / "gpus.json").write_text("{}\n")
     (knobs / "standin.json").write_text("{}\n")
@@ -536,10 +546,12 @@ def is_sudo(h: Host | str) -> bool:
     return _role(host(int(h[3:])) if isinstance(h, str) else h) == "sudo"
 
 
-def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | None = None) -> list[Host]:
+def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | None = None,
+          cold: tuple[int, ...] = ()) -> list[Host]:
     """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer); with
     ``sudo`` the gpu hosts refuse root over SSH and the deployer logs in as ``deploy`` and uses sudo; with ``seed``
-    (a directory save_seed filled) the gpu hosts boot with its finished venvs in place."""
+    (a directory save_seed filled) the gpu hosts boot with its finished venvs in place, but those numbered in
+    ``cold``."""
     missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
     if balancer and not tools.find("haproxy"):
         missing.append("haproxy")
@@ -555,7 +567,8 @@ def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | N
         lb = host(n + 1)
         lb.dir.mkdir(parents=True, exist_ok=True)
         (lb.dir / "role").write_text("balancer\n")
-    hosts = [start_host(i, seed if i <= n else None) for i in range(1, n + 1 + (1 if balancer else 0))]
+    hosts = [start_host(i, seed if i <= n and i not in cold else None)
+             for i in range(1, n + 1 + (1 if balancer else 0))]
     write_client_files(sorted({h.name: h for h in hosts + hosts_on_disk() if is_running(h)}.values(),
                               key=lambda h: h.name))
     for h in hosts:
@@ -579,6 +592,7 @@ def save_seed(h: Host, venv: str, seed: Path) -> bool:
         (seed / ".verify").mkdir(exist_ok=True)
         for f in verdicts.glob("*.json"):
             shutil.copy2(f, seed / ".verify" / f.name)
+    _save_standin_answers(h, seed)
     tmp = seed / f".{dst.name}.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     _run("cp", "-al", src, tmp)
@@ -588,6 +602,17 @@ def save_seed(h: Host, venv: str, seed: Path) -> bool:
         shutil.rmtree(tmp, ignore_errors=True)
         return False
     return True
+
+
+def _save_standin_answers(h: Host, seed: Path) -> None:
+    """The stand-in's remembered supports_eagle3() answers on ``h`` (its tmpfs /run, so read over SSH) into
+    ``seed``: later hosts' first load does not import vLLM's model classes again (~20 CPU-s each)."""
+    r = ssh(h.name, "cd /run/deployer-standin 2>/dev/null && grep -H . eagle3-*.json || true", check=False)
+    for line in r.stdout.splitlines():
+        name, _, body = line.partition(":")
+        if re.fullmatch(r"eagle3-[0-9a-f]{16}\.json", name) and body.startswith("{"):
+            (seed / ".standin").mkdir(exist_ok=True)
+            (seed / ".standin" / name).write_text(body + "\n")
 
 
 def _stop_host(h: Host) -> None:
