@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 import yaml
 
+from deployer import engines
 from deployer import versions as vs
 from deployer.cli.targets import Json, die
 from deployer.runner import Exit
@@ -30,8 +31,9 @@ def versions(engine: Annotated[str, typer.Option("--engine", help="vllm, sglang 
              as_json: Json = False) -> None:
     """What every measured vLLM and SGLang release gives for Kimi-K2.5 + EAGLE-3 here: patched, native or refused,
     the evidence behind it, the recommended release and the default (docs/compatibility.md)."""
-    if engine not in ("all", "vllm", "sglang"):
-        die(Exit.USAGE, f"--engine: got {engine!r}, expected vllm, sglang or all")
+    known = engines.names()            # the registry's engines (deployer/engines), not a list kept here
+    if engine != "all" and engine not in known:
+        die(Exit.USAGE, f"--engine: got {engine!r}, expected {', '.join(known)} or all")
     if not re.fullmatch(r"\d+\.\d+", compute_cap):
         die(Exit.USAGE, f"--compute-cap: got {compute_cap!r}, expected MAJOR.MINOR as nvidia-smi prints it (12.0)")
     try:
@@ -39,7 +41,7 @@ def versions(engine: Annotated[str, typer.Option("--engine", help="vllm, sglang 
     except (OSError, ValueError) as e:
         die(Exit.FAILED, f"{vs.DATA}: {e} (regenerate: .venv/bin/python bench/compat_matrix.py)")
     rep = vs.report(data, compute_cap, defaults())
-    want = {"all": ("vLLM", "SGLang"), "vllm": ("vLLM",), "sglang": ("SGLang",)}[engine]
+    want = {engines.get(n).label for n in (known if engine == "all" else [engine])}
     rep["rows"] = [r for r in rep["rows"] if r["engine"] in want]
     if as_json:
         sys.stdout.write(json.dumps(rep) + "\n")
