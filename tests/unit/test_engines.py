@@ -17,7 +17,8 @@ ENGINE_OWN = {"deployer/serve.py", "deployer/serve_sglang.py", "deployer/ansible
               "deployer/ansible_plugins/module_utils/sglang_source.py", "roles/verify/files/vllm_verify.py",
               "roles/verify/files/sglang_verify.py"}
 COMPARE = re.compile(r"""(?:==|!=)\s*['"](?:vllm|sglang)['"]|['"](?:vllm|sglang)['"]\s*(?:==|!=)|"""
-                     r"""['"](?:vllm|sglang)['"]\s+if\b""")
+                     r"""['"](?:vllm|sglang)['"]\s+if\b|"""
+                     r"""\bin\s*[(\[{][^)\]}]*['"](?:vllm|sglang)['"]""")   # membership in a literal list of names
 
 
 def test_no_engine_name_is_compared_outside_the_engines():
