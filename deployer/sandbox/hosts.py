@@ -53,6 +53,8 @@ REPO = HERE.parent.parent
 MODEL_DIR = "/srv/models/Kimi-K2.5"
 KNOBS_DIR = "/etc/deployer-sandbox"
 STANDIN_SEED = "/var/lib/deployer-sandbox/standin-seed"   # the seed's stand-in answers (root's, read-only to it)
+# the stand-in's answer files (standin.py names them so): the only names saved, and restored into a tmpfiles.d line
+STANDIN_ANSWER = re.compile(r"eagle3-[0-9a-f]{16}\.json")
 STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"
 DEPLOY_ROOT = "/opt/deployer"
 APT_PACKAGES = ("openssh-server", "openssh-client", "rsync", "systemd-container", "iproute2", "sudo")
@@ -306,7 +308,9 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None) -> Path:
     # venv's files: sizes and mtimes, which hard links keep), copied in at each boot: SANDBOX bookkeeping
     if seed and (seed / ".standin").is_dir():
         keep = mk(STANDIN_SEED.lstrip("/"))
-        for f in sorted((seed / ".standin").glob("eagle3-*.json")):
+        for f in sorted((seed / ".standin").iterdir()):
+            if not STANDIN_ANSWER.fullmatch(f.name):      # a name with a space or line end would break the line
+                continue
             shutil.copy2(f, keep / f.name)
             conf += f"C /run/deployer-standin/{f.name} - - - - {STANDIN_SEED}/{f.name}\n"
     (tmpfiles / "deployer-standin.conf").write_text(conf)
@@ -610,7 +614,7 @@ def _save_standin_answers(h: Host, seed: Path) -> None:
     r = ssh(h.name, "cd /run/deployer-standin 2>/dev/null && grep -H . eagle3-*.json || true", check=False)
     for line in r.stdout.splitlines():
         name, _, body = line.partition(":")
-        if re.fullmatch(r"eagle3-[0-9a-f]{16}\.json", name) and body.startswith("{"):
+        if STANDIN_ANSWER.fullmatch(name) and body.startswith("{"):
             (seed / ".standin").mkdir(exist_ok=True)
             (seed / ".standin" / name).write_text(body + "\n")
 
