@@ -69,6 +69,8 @@ prepare_engine() {
   fi
 }
 prepare_vllm() { prepare_engine vllm "${1:-0.16.0}"; }
+# Bytecode for the cached wheels, once (scripts/precompile_uv_cache.py says why: a sandbox install ~42 -> ~4 CPU-s)
+precompile_uv_cache() { "$PY" scripts/precompile_uv_cache.py "$UV_CACHE_DIR" "$CACHE"; }
 prepare_sglang() { prepare_engine sglang "${1:-0.5.23}"; }
 
 # A Python with ansible-core and nothing else: proves plain `ansible-playbook` works without this package.
@@ -83,13 +85,13 @@ prepare_plain_ansible() {
 }
 
 case "${1:-}" in
-  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible ;;
+  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible; precompile_uv_cache ;;
   demo)
     apt_deps; py_deps; prepare_vllm 0.16.0
     "$VENV/bin/deployer" sandbox start
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
-    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible
+    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible; precompile_uv_cache
     # three workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py); most of a
     # sandbox test waits on loads and SSH, so three fit two cores; --durations says where the time goes;
     # --no-loadscope-reorder: modules in tests/conftest.py's HEAVY_FIRST order, not by their number of tests
