@@ -1,4 +1,4 @@
-"""What the operator sees while a playbook runs, built from ansible-runner's event stream.
+"""What the operator sees while a playbook runs, built from its event stream (deployer/runner.py).
 
 Human output reads like a deploy, not a task dump: one line per stage and host when the stage ends
 (seconds, outcome: changed / unchanged / failed / skipped, and what the stage said), the model

@@ -1,4 +1,4 @@
-"""Run the project's playbooks with ansible-runner and turn its event stream into progress.
+"""Run the project's playbooks with ansible-playbook and turn its event stream into progress.
 
 The CLI never executes tasks itself: Ansible does, exactly as plain ``ansible-playbook`` would
 (same ansible.cfg, roles, modules).  This module only builds the invocation and reads events.
@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -95,7 +94,8 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class Collector:
-    """Folds ansible-runner's event stream into a ``Result``: failures (with no_log output masked),
+    """Folds the playbook's event stream (callback ``deployer_events``, ansible-runner's event shapes) into a
+    ``Result``: failures (with no_log output masked),
     unreachable hosts, the facts the CLI reports, and the final stats.  Pure: fed event dicts."""
 
     def __init__(self):
@@ -175,89 +175,165 @@ def _trace_writer():
 def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str | None = None,
         check: bool = False, diff: bool = False,
         on_event: Callable[[dict], None] | None = None, verbosity: int = 0) -> Result:
-    import ansible_runner  # imported late: keeps `deployer --help` fast
-
+    """Run ``playbooks/<playbook>`` with ``ansible-playbook`` and fold its events (callback ``deployer_events``,
+    one JSON line each on a pipe) into a ``Result``; ``on_event`` sees each event as it comes."""
     pdd = tempfile.mkdtemp(prefix="deployer-run-")
-    os.chmod(pdd, 0o700)  # extravars (may hold secrets) are written here by ansible-runner
+    os.chmod(pdd, 0o700)  # the extra vars (they may hold secrets) are written here, 0600
     collect = Collector()
-
     trace = _trace_writer()
 
-    def handler(ev: dict) -> bool:
+    def handler(ev: dict) -> None:
         collect(ev)
         if on_event:
             on_event(ev)
         if trace:
             trace(ev)
-        return False  # do not keep event files
 
-    cmdline = []
-    if check:
-        cmdline.append("--check")
-    if diff:
-        cmdline.append("--diff")
-    # ansible-runner turns host-key checking OFF unless told otherwise (config/_base.py); we never do that.
-    env = {"ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_HOST_KEY_CHECKING": "True",
-           # ansible-runner appends its own callback directory to this one; ansible.cfg's would be overridden
-           "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "deployer" / "ansible_plugins" / "callback_plugins"),
-           # ansible-playbook from this venv, ssh from the system: never whichever the caller's PATH finds first
-           "PATH": tools.subprocess_path()}
-    # ansible-runner finds `ansible-playbook` on this PATH: the first one is the shim that binds it to us (an
-    # explicit `binary` would switch ansible-runner to its raw mode, which drops the playbook from the command)
-    env["PATH"] = os.pathsep.join([str(Path(_playbook_bound_to_us(pdd, env["PATH"])).parent), env["PATH"]])
+    argv = playbook_argv(playbook, inventory, _extravars_file(pdd, extravars or {}), limit, check, diff, verbosity)
+    # ansible-playbook from this venv, ssh from the system: never whichever the caller's PATH finds first
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_CFG), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_HOST_KEY_CHECKING="True", ANSIBLE_RETRY_FILES_ENABLED="False", PATH=tools.subprocess_path())
+    argv[0] = shutil.which("ansible-playbook", path=env["PATH"]) or argv[0]
     stop = _StopOnSignal()
     try:
         with stop:
-            r = ansible_runner.run(
-                private_data_dir=pdd, project_dir=str(ROOT), playbook=str(PLAYBOOKS / playbook),
-                inventory=inventory, extravars=extravars or {}, limit=limit,
-                cmdline=" ".join(cmdline) or None, envvars=env, event_handler=handler, quiet=True,
-                verbosity=verbosity or None, suppress_env_files=False,
-                cancel_callback=stop.requested, settings={"pexpect_timeout": 1},
-            )
-        res = collect.result(r.rc, r.status)
+            rc = _stream(argv, env, handler, stop)
+        res = collect.result(rc, "canceled" if stop.signum else ("successful" if rc == 0 else "failed"))
         res.interrupted_by = stop.signum
         return res
     finally:
         shutil.rmtree(pdd, ignore_errors=True)
 
 
-# ansible-runner starts ansible-playbook through pexpect in a session of its own with SIGHUP ignored
-# (runner.py: ignore_sighup=True), so a `deployer` killed outright (SIGKILL, the OOM killer) left it running on,
-# unwatched, while the lock it holds names this process, now dead: the next `up` took the lock over as stale and two
-# playbooks acted on the host at once.  The playbook is started through this shim instead: the kernel sends it
-# SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec), and it never starts when we are already gone.
-_BOUND_CHILD = """import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-if os.getppid() != int(sys.argv[1]):
-    sys.exit(137)   # the deployer died before the line above took effect: never run unwatched
-os.execv(sys.argv[2], sys.argv[2:])
-"""
+def playbook_argv(playbook: str, inventory: str, extravars_file: str, limit: str | None = None, check: bool = False,
+                  diff: bool = False, verbosity: int = 0) -> list[str]:
+    """The ``ansible-playbook`` command line of a run (what plain Ansible users type, less the extra vars file)."""
+    argv = ["ansible-playbook", "-i", inventory, "-e", "@" + extravars_file]
+    if limit is not None:
+        argv += ["--limit", limit]
+    argv += ["--check"] * check + ["--diff"] * diff
+    if verbosity:
+        argv.append("-" + "v" * verbosity)
+    return argv + [str(PLAYBOOKS / playbook)]
 
 
-def _playbook_bound_to_us(pdd: str, path: str) -> str:
-    """``<pdd>/bin/ansible-playbook``: runs the ansible-playbook found on ``path`` with its arguments, killed by
-    the kernel when this process dies."""
-    import shlex
-    real = shutil.which("ansible-playbook", path=path) or "ansible-playbook"
-    (Path(pdd) / "bin").mkdir(mode=0o700, exist_ok=True)
-    shim = Path(pdd) / "bin" / "ansible-playbook"
-    shim.write_text("#!/bin/sh\nexec %s -c %s %d %s \"$@\"\n" % (
-        shlex.quote(sys.executable), shlex.quote(_BOUND_CHILD), os.getpid(), shlex.quote(real)))
-    shim.chmod(0o700)
-    return str(shim)
+def _extravars_file(pdd: str, extravars: dict) -> str:
+    """The extra vars as JSON (types kept: a string stays a string), readable by this user only."""
+    path = os.path.join(pdd, "extravars.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(extravars, f)
+    return path
+
+
+def _stream(argv: list[str], env: dict, handler: Callable[[dict], None], stop: "_StopOnSignal") -> int:
+    """Start the playbook bound to this process and feed ``handler`` its events until it ends (or ``stop`` asks:
+    its process group is killed); its own output (stdout and stderr) arrives as ``verbose`` events, where
+    ansible-playbook's errors before any host ran are found.  The playbook's exit code."""
+    import selectors
+
+    ev_r, ev_w = os.pipe()
+    try:
+        proc = spawn_bound(argv, dict(env, DEPLOYER_EVENTS_FD=str(ev_w)), pass_fds=(ev_w,))
+    finally:
+        os.close(ev_w)
+    sel = selectors.DefaultSelector()
+    bufs = {ev_r: b"", proc.stdout.fileno(): b""}
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+
+    def lines(fd: int, data: bytes) -> None:
+        bufs[fd] += data
+        *done, bufs[fd] = bufs[fd].split(b"\n")
+        for raw in done:
+            _dispatch(fd == ev_r, raw, handler)
+
+    try:
+        while sel.get_map():
+            if stop.requested() and proc.poll() is None:
+                _kill_group(proc)
+            for key, _ in sel.select(timeout=1.0):
+                try:
+                    data = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if data:
+                    lines(key.fd, data)
+                else:
+                    sel.unregister(key.fd)
+            # the playbook's workers or ssh masters may hold a copy of its stdout: its exit ends the stream
+            if proc.poll() is not None and not sel.select(timeout=0):
+                break
+        for fd, rest in bufs.items():
+            if rest:
+                _dispatch(fd == ev_r, rest, handler)
+        return proc.wait()
+    finally:
+        sel.close()
+        os.close(ev_r)
+        proc.stdout.close()
+        if proc.poll() is None:
+            _kill_group(proc)
+            proc.wait()
+
+
+def _dispatch(is_event: bool, raw: bytes, handler: Callable[[dict], None]) -> None:
+    text = raw.decode("utf-8", "replace")
+    if not is_event:
+        if text.strip():
+            handler({"event": "verbose", "stdout": text})
+        return
+    try:
+        ev = json.loads(text)
+    except ValueError:
+        return
+    if isinstance(ev, dict):
+        handler(ev)
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# The playbook must never outlive the deployer: a `deployer` killed outright (SIGKILL, the OOM killer) would
+# leave it running on, unwatched, while the lock it holds names this process, now dead: the next `up` would take
+# the lock over as stale and two playbooks would act on the host at once.  So the kernel sends the playbook
+# SIGKILL when this process dies (PR_SET_PDEATHSIG, kept across exec), and it never starts when we are already
+# gone.  (Its own session, like ansible-runner's pexpect child had, so that a stop can kill its whole group.)
+def spawn_bound(argv: list[str], env: dict, pass_fds: tuple = ()):
+    """Start ``argv`` in a session of its own (a stop kills its whole group), its stdout and stderr one pipe,
+    killed by the kernel when this process dies."""
+    import subprocess
+    parent, prctl = os.getpid(), _prctl()
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            pass_fds=pass_fds, start_new_session=True, preexec_fn=lambda: _bind_to(parent, prctl))
+
+
+def _prctl():
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _bind_to(parent: int, prctl) -> None:
+    """Run in the child between fork and exec (``preexec_fn``): nothing imported there (another thread, e.g. the
+    progress display's, may have held the import lock at the fork)."""
+    prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(137)   # the deployer died before the line above took effect: never run unwatched
 
 
 class _StopOnSignal:
-    """While the playbook runs: SIGINT, SIGTERM and SIGHUP ask ansible-runner to stop it (its cancel_callback,
-    checked at least once a second: ``pexpect_timeout``), which kills the playbook's process group, and the run
-    says so (exit 7, ``interrupted``).  Before, ansible-runner's own handler (SIGINT and SIGTERM only, installed
-    for good: ``utils.signal_handler``) cancelled it and the result came back as "no host matched (check the
-    inventory...)", exit 2; SIGHUP (a closed terminal) ended this process and left ansible-playbook running on in
-    its own session.  What the host is left with is what a controller that died there leaves, which the next
-    ``up`` finishes (tests/integration/test_controller_killed.py).  Only in the main thread (Python's rule for
-    handlers)."""
+    """While the playbook runs: SIGINT, SIGTERM and SIGHUP ask ``_stream`` to stop it (checked at least once a
+    second), which kills the playbook's process group, and the run says so (exit 7, ``interrupted``).  (When
+    ansible-runner ran the playbook, its own handler - SIGINT and SIGTERM only, installed for good - cancelled it
+    and the result came back as "no host matched (check the inventory...)", exit 2; SIGHUP, a closed terminal,
+    ended this process and left ansible-playbook running on in its own session.)  What the host is left with is
+    what a controller that died there leaves, which the next ``up`` finishes
+    (tests/integration/test_controller_killed.py).  Only in the main thread (Python's rule for handlers)."""
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):

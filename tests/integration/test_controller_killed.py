@@ -51,9 +51,9 @@ def kill_during(role, args, task="", until=None, timeout=600):
                     playbook = playbook_of(p.pid)
                     os.killpg(p.pid, signal.SIGKILL)
                     killed = True
-                    # the whole controller dies: ansible-playbook too, although ansible-runner starts it in a
-                    # session of its own with SIGHUP ignored (before: it ran on, unwatched, and the rerun took its
-                    # lock over as stale while it still acted on the host)
+                    # the whole controller dies: ansible-playbook too, although it runs in a session of its own
+                    # (under ansible-runner it ran on, unwatched, and the rerun took its lock over as stale while
+                    # it still acted on the host)
                     assert gone(playbook), f"ansible-playbook {playbook} outlived its deployer"
                     break
             if time.time() - t0 > timeout:
@@ -70,7 +70,7 @@ def kill_during(role, args, task="", until=None, timeout=600):
 
 
 def playbook_of(cli_pid):
-    """The pid of the ansible-playbook a `deployer` process started (its child; ansible-runner's session)."""
+    """The pid of the ansible-playbook a `deployer` process started (its child, in a session of its own)."""
     for _ in range(100):
         for d in os.listdir("/proc"):
             if d.isdigit():
@@ -98,7 +98,7 @@ def gone(pid, seconds=10):
 
 def test_sigterm_or_ctrl_c_stops_the_playbook_says_so_and_the_next_up_finishes_the_job():
     """cron's `timeout` or systemd sends SIGTERM, an operator presses Ctrl-C (SIGINT), a closed terminal SIGHUP: the
-    deployer stops its playbook (ansible-runner's cancel: the playbook's process group is killed) instead of dying
+    deployer stops its playbook (the playbook's process group is killed) instead of dying
     and leaving it running unwatched, says where that leaves the host, and exits 7; the next `up` finishes the job."""
     sh(H, "echo '{\"load_seconds\": 20}' > /etc/deployer-sandbox/standin.json")
     args = ["-e", "deployer_gpu_memory_utilization=0.869"]

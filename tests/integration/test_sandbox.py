@@ -273,9 +273,10 @@ def test_09_a_changed_host_key_is_refused():
 
 
 def test_09b_an_unknown_host_is_refused_until_trusted_and_an_unreachable_one_is_exit_5(tmp_path):
-    """`--host` (an ad-hoc inventory): an unknown host key is refused (host key checking stays on: ansible-runner
-    would turn it off), `--trust-new-host` records it on first contact (accept-new: a changed one stays refused,
-    test_09), and a host where nothing answers is exit 5 naming it.  Read-only commands: nothing is deployed."""
+    """`--host` (an ad-hoc inventory): an unknown host key is refused (host key checking stays on: the runner sets
+    it, whatever the environment says), `--trust-new-host` records it on first contact (accept-new: a changed one
+    stays refused, test_09), and a host where nothing answers is exit 5 naming it.  Read-only commands: nothing is
+    deployed."""
     from sandbox_helpers import deployer
     ip = sbx.host(1).ip
     kh = tmp_path / "known_hosts"

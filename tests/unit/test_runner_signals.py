@@ -1,6 +1,6 @@
-"""The playbook never outlives the deployer (deployer/runner.py): ansible-runner starts ansible-playbook through
-pexpect in a session of its own with SIGHUP ignored, so a `deployer` killed outright left it running unwatched
-(and its lock, which names the dead deployer, was taken over as stale while it still acted on the host)."""
+"""The playbook never outlives the deployer (deployer/runner.py): it runs in a session of its own (so that a stop
+can kill its whole process group), so a `deployer` killed outright would leave it running unwatched (and its lock,
+which names the dead deployer, would be taken over as stale while it still acted on the host)."""
 import os
 import signal
 import subprocess
@@ -10,11 +10,14 @@ import time
 from helpers import ROOT
 
 DRIVER = """
-import sys, time, pexpect
+import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[3])
-from deployer.runner import _playbook_bound_to_us
-exe = _playbook_bound_to_us(sys.argv[1], sys.argv[2]) if sys.argv[4] == "bound" else sys.argv[2] + "/ansible-playbook"
-child = pexpect.spawn(exe, ["-i", "inventory"], ignore_sighup=True)   # as ansible-runner's runner.py does
+from deployer.runner import spawn_bound
+argv = [sys.argv[2] + "/ansible-playbook", "-i", "inventory"]
+if sys.argv[4] == "bound":
+    child = spawn_bound(argv, dict(os.environ))
+else:   # its own session and nothing more (as ansible-runner's pexpect child was, SIGHUP ignored too)
+    child = subprocess.Popen(argv, start_new_session=True)
 time.sleep(300)
 """
 
@@ -54,8 +57,9 @@ def playbook_after_deployer_killed(tmp_path, how):
     return pid, survived
 
 
-def test_a_playbook_started_as_ansible_runner_does_outlives_a_killed_deployer(tmp_path):
-    """The hazard itself (what happened before the shim): pexpect's child, SIGHUP ignored, runs on."""
+def test_a_playbook_in_its_own_session_outlives_a_killed_deployer_unless_bound(tmp_path):
+    """The hazard itself (what happened under ansible-runner, before the death signal): a child in its own session
+    runs on."""
     _pid, survived = playbook_after_deployer_killed(tmp_path, "direct")
     assert survived
 
@@ -65,25 +69,20 @@ def test_the_deployers_playbook_dies_with_it(tmp_path):
     assert not survived
 
 
-def test_the_shim_runs_the_real_playbook_with_its_arguments(tmp_path):
-    from deployer.runner import _playbook_bound_to_us
-    bin_dir = tmp_path / "real"
-    bin_dir.mkdir()
-    fake = bin_dir / "ansible-playbook"
-    fake.write_text('#!/bin/sh\nprintf "%s|" "$@"\n')
-    fake.chmod(0o755)
-    shim = _playbook_bound_to_us(str(tmp_path), str(bin_dir))
-    assert oct(os.stat(shim).st_mode & 0o777) == "0o700"
-    out = subprocess.run([shim, "-i", "a b", "--check", "it's.yml"], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0 and out.stdout == "-i|a b|--check|it's.yml|", out
-    # started by another process than the one that made it: it refuses (its deployer is not its parent)
-    r = subprocess.run(["sh", "-c", f"{shim} x; echo rc=$?"], capture_output=True, text=True, timeout=30)
-    assert "rc=137" in r.stdout, r
+def test_the_bound_child_runs_the_command_with_its_arguments_and_never_without_its_deployer(tmp_path):
+    from deployer import runner
+    out = runner.spawn_bound(["printf", "%s|", "-i", "a b", "--check", "it's.yml"], dict(os.environ))
+    assert out.wait(timeout=30) == 0 and out.stdout.read() == b"-i|a b|--check|it's.yml|"
+    out.stdout.close()
+    # a child whose deployer is not its parent (it died before the death signal was set) refuses to run
+    r = subprocess.run(["sh", "-c", f"echo ran > {tmp_path}/ran"],
+                       preexec_fn=lambda: runner._bind_to(os.getpid() + 1_000_000, runner._prctl()))
+    assert r.returncode == 137 and not (tmp_path / "ran").exists()
 
 
-def test_a_real_playbook_runs_through_the_shim_with_events(tmp_path):
-    """ansible-runner finds the shim first on PATH and stays in playbook mode: the playbook path is passed and the
-    event stream arrives (an explicit `binary` would have put it in raw mode: no playbook, no host ran)."""
+def test_a_real_playbook_runs_bound_with_its_events(tmp_path):
+    """A real ansible-playbook started bound: the playbook runs and its event stream (deployer_events) arrives,
+    stage-bearing fields included; its own output arrives as verbose events."""
     from deployer import runner
     pb = tmp_path / "ping.yml"     # an absolute path: runner.run joins it to playbooks/ unchanged
     pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.debug:\n"
@@ -92,4 +91,30 @@ def test_a_real_playbook_runs_through_the_shim_with_events(tmp_path):
     res = runner.run(str(pb), "localhost,", {"ansible_connection": "local"}, on_event=events.append)
     assert res.rc == 0 and res.exit_code() == runner.Exit.OK, (res, [e.get("stdout") for e in events][-5:])
     assert "localhost" in res.processed()
+    ok = [e["event_data"] for e in events if e.get("event") == "runner_on_ok"]
+    assert [(d["host"], d["task_action"], d["res"].get("msg")) for d in ok] == [
+        ("localhost", "ansible.builtin.debug", "hello")], ok
+    assert ok[0]["duration"] >= 0 and ok[0]["task_path"].startswith(str(pb))
+    assert [e["event"] for e in events if e["event"] != "verbose"] == ["runner_on_start", "runner_on_ok",
+                                                                       "playbook_on_stats"]
+    assert any("PLAY RECAP" in e.get("stdout", "") for e in events if e["event"] == "verbose")
 
+
+
+def test_a_no_log_result_reaches_the_cli_censored(tmp_path):
+    """The event stream carries what ansible-core gives callbacks: a no_log task's result, a failed one too, arrives
+    censored (the Collector then says the output is hidden); the secret is in no event and no output line."""
+    import json
+
+    from deployer import runner
+    pb = tmp_path / "secret.yml"
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                  "    - ansible.builtin.command: echo {{ token }}\n      no_log: true\n"
+                  "    - ansible.builtin.command: sh -c 'echo {{ token }}; exit 3'\n      no_log: true\n")
+    events = []
+    res = runner.run(str(pb), "localhost,", {"ansible_connection": "local", "token": "s3cr3t-T0KEN"},
+                     on_event=events.append)
+    assert res.exit_code() == runner.Exit.FAILED and [f.msg for f in res.failures] == [runner.HIDDEN], res
+    assert "s3cr3t-T0KEN" not in json.dumps(events)
+    assert [e["event_data"]["res"].get("censored", "") != "" for e in events
+            if e["event"] in ("runner_on_ok", "runner_on_failed")] == [True, True]
