@@ -252,7 +252,7 @@ def write_drafter_dir(root: Path, fc_in: int | None = None) -> Path:
 
 
 # ------------------------------------------------------------------ lifecycle
-def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None) -> Path:
+def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache: bool = True) -> Path:
     d = h.dir
     upper, work, merged = d / "upper", d / "work", d / "merged"
     for p in (upper, work, merged):
@@ -319,9 +319,10 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None) -> Path:
     (knobs / "standin.json").write_text("{}\n")
     (knobs / "README").write_text("SANDBOX host: nvidia-smi and the vLLM stand-in read these rehearsal knobs.\n")
     write_model_dir(upper / MODEL_DIR.lstrip("/"))
-    # the host's package cache, hard-linked from the controller's uv cache (see module docstring)
+    # the host's package cache, hard-linked from the controller's uv cache (see module docstring); ~250,000 entries
+    # to link in and unlink again (~10 CPU-s a boot), so only for a host that may install (``package_cache``)
     cache = uv_cache_dir()
-    if cache.is_dir():
+    if package_cache and cache.is_dir():
         dst = upper / DEPLOY_ROOT.lstrip("/") / "cache"
         dst.mkdir(parents=True, exist_ok=True)
         _run("cp", "-al", cache, dst / "uv")
@@ -388,7 +389,7 @@ def is_running(h: Host) -> bool:
         return False
 
 
-def start_host(i: int, seed: Path | None = None) -> Host:
+def start_host(i: int, seed: Path | None = None, package_cache: bool = True) -> Host:
     h = host(i)
     if is_running(h):
         return h
@@ -397,7 +398,7 @@ def start_host(i: int, seed: Path | None = None) -> Host:
     h.dir.mkdir(parents=True, exist_ok=True)
     if not (h.dir / "ssh_host_ed25519_key").exists():
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", h.dir / "ssh_host_ed25519_key")
-    _prepare_upper(h, Path(f"{key}.pub").read_text(), seed)
+    _prepare_upper(h, Path(f"{key}.pub").read_text(), seed, package_cache)
     _ensure_bridge()
     ns = _netns(h)
     _run("ip", "link", "del", ns, check=False)
@@ -551,11 +552,12 @@ def is_sudo(h: Host | str) -> bool:
 
 
 def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | None = None,
-          cold: tuple[int, ...] = ()) -> list[Host]:
+          cold: tuple[int, ...] = (), package_cache: bool = True) -> list[Host]:
     """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer); with
     ``sudo`` the gpu hosts refuse root over SSH and the deployer logs in as ``deploy`` and uses sudo; with ``seed``
     (a directory save_seed filled) the gpu hosts boot with its finished venvs in place, but those numbered in
-    ``cold``."""
+    ``cold``; ``package_cache=False``: the gpu hosts get no package cache (they can install nothing; the balancer
+    never has one)."""
     missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
     if balancer and not tools.find("haproxy"):
         missing.append("haproxy")
@@ -571,7 +573,7 @@ def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | N
         lb = host(n + 1)
         lb.dir.mkdir(parents=True, exist_ok=True)
         (lb.dir / "role").write_text("balancer\n")
-    hosts = [start_host(i, seed if i <= n and i not in cold else None)
+    hosts = [start_host(i, seed if i <= n and i not in cold else None, package_cache and i <= n)
              for i in range(1, n + 1 + (1 if balancer else 0))]
     write_client_files(sorted({h.name: h for h in hosts + hosts_on_disk() if is_running(h)}.values(),
                               key=lambda h: h.name))

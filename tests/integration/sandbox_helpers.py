@@ -85,7 +85,9 @@ def flat(text):
 
 def sandbox_hosts(n, seed=True, **kw):
     """Module fixture body: fresh sandbox hosts sbx1..sbxN for the module, stopped afterwards (``kw``: start's
-    options, e.g. sudo=True); ``seed``: they boot with this run's pre-baked venv when one is saved (SEED)."""
+    options, e.g. sudo=True, or package_cache=False for a module that installs nothing: its hosts boot without the
+    ~250,000 links of the package cache); ``seed``: they boot with this run's pre-baked venv when one is saved
+    (SEED)."""
     from deployer.sandbox import hosts as sb
     sb.stop()
     sb.start(n, seed=SEED if seed else None, **kw)

@@ -22,7 +22,7 @@ LB = "sbx4"
 def fleet():
     # the hosts boot with this run's pre-baked venv (sandbox_helpers.SEED): the rolls, not three cold installs, are
     # the point here (test_many_hosts installs three in parallel)
-    for sb in sandbox_hosts(3, balancer=True):
+    for sb in sandbox_hosts(3, balancer=True, package_cache=False):   # installs nothing
         r = deployer("up", "--sandbox", *FAST)          # the first deploy: balancer configured, all three serve
         assert r.returncode == 0, r.stdout + r.stderr
         yield sb

@@ -16,7 +16,7 @@ H = "sbx1"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    yield from sandbox_hosts(1)
+    yield from sandbox_hosts(1, package_cache=False)   # installs nothing: no package cache to link
 
 
 def events(r):

@@ -12,7 +12,7 @@ H = "sbx1"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    for sb in sandbox_hosts(1):
+    for sb in sandbox_hosts(1, package_cache=False):   # installs nothing: no package cache to link
         r = up(*FAST)           # what is watched, not vLLM's checks (test_sandbox, test_real_host)
         assert r.returncode == 0, r.stderr
         yield sb
