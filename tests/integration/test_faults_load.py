@@ -77,6 +77,18 @@ def test_engine_unhealthy_after_load_is_not_ready():
     assert health() == "200"
 
 
+def test_engine_hung_behind_a_listening_api_is_not_ready():
+    """Issue 24 (hang_after_ready_seconds was never used): the API process listens and accepts connections, but
+    nothing answers, /health included.  Each /health the watch asks gives up after its timeout (the watch never
+    hangs with it), the load runs into its budget, and the release is rolled back."""
+    r = fail_with("0.824", ["-e", "watch_budget_seconds=40"], hang_after_ready_seconds=0)
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = flat(r.stderr)
+    assert "deploy failed in stage 'watch'; rolled back to the last live release" in err, err
+    assert "timeout: not ready after" in err and "(budget 40 s)" in err, err
+    assert health() == "200"
+
+
 
 
 def test_ssh_drop_during_the_watch_does_not_roll_back_a_good_load():
