@@ -35,6 +35,13 @@ options:
     description: With C(drain), how long to wait for the server's in-flight requests to finish.
     type: int
     default: 300
+  wait_up_seconds:
+    description:
+      - With C(ready), how long to wait for HAProxy's own health checks to find the server up (C(rise) checks,
+        C(inter) apart), so that a roll drains the next host only once this one serves through the balancer.
+        Past it the module returns with the state HAProxy reports (C(after)); it does not fail.
+    type: int
+    default: 30
   also_leaving:
     description: With C(drain), other servers leaving in the same batch (they do not count as serving).
     type: list
@@ -75,7 +82,7 @@ after:
   returned: always
   type: str
 waited_seconds:
-  description: Seconds spent waiting for in-flight requests to finish (C(drain)).
+  description: Seconds spent waiting for in-flight requests to finish (C(drain)), or for the server to be up (C(ready)).
   returned: always
   type: float
 in_flight_left:
@@ -101,6 +108,7 @@ def main():
                            server=dict(type="str", default=""),
                            state=dict(type="str", choices=["ready", "drain", "maint", "query"], default="query"),
                            wait_idle_seconds=dict(type="int", default=300),
+                           wait_up_seconds=dict(type="int", default=30),
                            also_leaving=dict(type="list", elements="str", default=[])),
         supports_check_mode=True,
     )
@@ -135,6 +143,10 @@ def main():
                 left = rows[p["server"]]["scur"]
                 if left == 0 or time.time() - t0 >= p["wait_idle_seconds"]:
                     break
+                time.sleep(0.5)
+        if want == "ready":   # admin state ready; serving once HAProxy's checks say UP (a restart's restore)
+            while (state_word(servers(p["socket"], p["backend"])[p["server"]]["status"]) != "ready"
+                   and time.time() - t0 < p["wait_up_seconds"]):
                 time.sleep(0.5)
         rows = servers(p["socket"], p["backend"])
     except RuntimeError_ as e:
