@@ -87,8 +87,11 @@ def sandbox_hosts(n, seed=True, **kw):
     """Module fixture body: fresh sandbox hosts sbx1..sbxN for the module, stopped afterwards (``kw``: start's
     options, e.g. sudo=True, or package_cache=False for a module that installs nothing: its hosts boot without the
     ~250,000 links of the package cache); ``seed``: they boot with this run's pre-baked venv when one is saved
-    (SEED)."""
+    (SEED).  Without a seed to boot with (a module run on its own, before any deploy saved one) the hosts get the
+    package cache whatever ``package_cache`` says: they must install the default release."""
     from deployer.sandbox import hosts as sb
+    if not (seed and (SEED / Path(venv()).name).exists()):
+        kw["package_cache"] = True
     sb.stop()
     sb.start(n, seed=SEED if seed else None, **kw)
     yield sb

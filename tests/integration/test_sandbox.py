@@ -96,6 +96,9 @@ PREFLIGHT_CASES = {
     "truncated_shard": "model shards: 1 of 64 in /srv/models/Kimi-K2.5 do not match their own safetensors header: "
                        "model-00023-of-000064.safetensors measured 0 bytes, expected a safetensors file (shorter than "
                        "a safetensors header (8 bytes))",
+    # issue 24: a shard root can read and the service user cannot: found before the load, not by the engine in it
+    "unreadable_shard": "model files: measured 1 not readable by user vllm in /srv/models/Kimi-K2.5 "
+                        "(model-00031-of-000064.safetensors); expected all readable",
 }
 
 
@@ -118,6 +121,9 @@ def test_03_preflight_failure_changes_nothing(case):
            f": > {sbx.MODEL_DIR}/model-00023-of-000064.safetensors")
     elif case == "missing_config":
         sh(f"mv {sbx.MODEL_DIR}/config.json /root/config.json")
+    elif case == "unreadable_shard":
+        shard31_mode = sh(f"stat -c %a {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
+        sh(f"chmod 0600 {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
     elif case == "bad_drafter":
         extra = ["-e", "deployer_drafter_src_dir=/nonexistent/drafter"]
     else:
@@ -129,6 +135,8 @@ def test_03_preflight_failure_changes_nothing(case):
         sh(f"test -f /root/shard17 && mv /root/shard17 {sbx.MODEL_DIR}/model-00017-of-000064.safetensors; true")
         sh(f"test -f /root/config.json && mv /root/config.json {sbx.MODEL_DIR}/config.json; true")
         sh(f"test -f /root/shard23 && mv /root/shard23 {sbx.MODEL_DIR}/model-00023-of-000064.safetensors; true")
+        if case == "unreadable_shard":
+            sh(f"chmod {shard31_mode} {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
     assert r.returncode == 3, r.stdout + r.stderr
     expect = PREFLIGHT_CASES[case]
     assert expect in " ".join(r.stderr.split()), r.stderr

@@ -53,8 +53,9 @@ def test_what_it_reads_ends_up_in_the_page_cache(tmp_path, model):
     assert sum(r for r, _size in before) < 24 * MIB // 2, before
     res = prewarm(tmp_path)
     assert res["state"] == "done" and res["done_bytes"] == 24 * MIB, res
+    # every page read is cached; the kernel may have let a few go again by the time fincore looks (seen: 5 of 6144)
     after = [resident_pages(f) for f in files]
-    assert all(r == size for r, size in after), (before, after)
+    assert all(r >= 0.99 * size for r, size in after), (before, after)
 
 
 def test_the_read_rate_limit_holds(tmp_path, model):
