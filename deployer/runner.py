@@ -189,10 +189,11 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
         if trace:
             trace(ev)
 
-    argv = playbook_argv(playbook, inventory, _extravars_file(pdd, extravars or {}), limit, check, diff, verbosity)
     # ansible-playbook from this venv, ssh from the system: never whichever the caller's PATH finds first
     env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_CFG), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
                ANSIBLE_HOST_KEY_CHECKING="True", ANSIBLE_RETRY_FILES_ENABLED="False", PATH=tools.subprocess_path())
+    extravars = secrets_to_env(extravars or {}, env)
+    argv = playbook_argv(playbook, inventory, _extravars_file(pdd, extravars), limit, check, diff, verbosity)
     argv[0] = shutil.which("ansible-playbook", path=env["PATH"]) or argv[0]
     stop = _StopOnSignal()
     try:
@@ -215,6 +216,25 @@ def playbook_argv(playbook: str, inventory: str, extravars_file: str, limit: str
     if verbosity:
         argv.append("-" + "v" * verbosity)
     return argv + [str(PLAYBOOKS / playbook)]
+
+
+# The secrets among the settings and where the CLI also reads them from.
+SECRET_ENV = {"deployer_api_key": "DEPLOYER_API_KEY", "deployer_hf_token": "DEPLOYER_HF_TOKEN"}
+
+
+def secrets_to_env(extravars: dict, env: dict) -> dict:
+    """The extra vars with each secret replaced by an ``env`` lookup of it, its value put into ``env`` (the
+    playbook's environment, readable by this user alone, gone with the process).  The extra vars file is the one
+    thing a deployer killed outright (SIGKILL, the OOM killer) leaves behind, so a secret is never written there
+    (found: a killed run left the API key in ``/tmp/deployer-run-*/extravars.json``).  The lookup keeps the extra
+    vars' precedence and the string type, and its result is not templated again (a key holding ``{{`` stays as
+    given)."""
+    out = dict(extravars)
+    for var, name in SECRET_ENV.items():
+        if isinstance(out.get(var), str):
+            env[name] = out[var]
+            out[var] = "{{ lookup('ansible.builtin.env', '%s') }}" % name
+    return out
 
 
 def _extravars_file(pdd: str, extravars: dict) -> str:

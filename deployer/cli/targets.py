@@ -12,10 +12,9 @@ import typer
 import yaml
 
 from deployer.output import err
-from deployer.runner import Exit
+from deployer.runner import SECRET_ENV, Exit
 
 # Secret settings: never stored in schedules, never printed; also settable from the environment.
-SECRET_ENV = {"deployer_api_key": "DEPLOYER_API_KEY", "deployer_hf_token": "DEPLOYER_HF_TOKEN"}
 
 Host = Annotated[Optional[str],
                  typer.Option("--host", help="Host address (ad-hoc inventory of one host, root over SSH).")]

@@ -118,3 +118,49 @@ def test_a_no_log_result_reaches_the_cli_censored(tmp_path):
     assert "s3cr3t-T0KEN" not in json.dumps(events)
     assert [e["event_data"]["res"].get("censored", "") != "" for e in events
             if e["event"] in ("runner_on_ok", "runner_on_failed")] == [True, True]
+
+
+KILLED_RUN = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from deployer import runner
+runner.run(sys.argv[2], "localhost,", {"ansible_connection": "local", "deployer_api_key": "s3cr3t-K1LL",
+                                       "marker": sys.argv[3]})
+"""
+
+
+def test_a_deployer_killed_outright_leaves_no_secret_on_disk(tmp_path):
+    """The extra vars hold the API key and HF token: a deployer killed outright (SIGKILL, the OOM killer) runs no
+    clean-up, so they must never have been a file (found: a SIGKILLed run left /tmp/deployer-run-*/extravars.json)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = tmp_path / "started"
+    pb = tmp_path / "slow.yml"
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                  "    - ansible.builtin.command: touch {{ marker }}\n"
+                  "    - ansible.builtin.command: sleep 300\n")
+    p = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(ROOT), str(pb), str(marker)],
+                         env=dict(os.environ, TMPDIR=str(tmp)))
+    for _ in range(300):
+        if marker.exists():
+            break
+        time.sleep(0.1)
+    assert marker.exists(), "the playbook never ran its first task"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    left = {str(f.relative_to(tmp)): f.read_bytes() for f in tmp.rglob("*") if f.is_file()}
+    assert not [name for name, data in left.items() if b"s3cr3t-K1LL" in data], sorted(left)
+
+
+def test_secrets_reach_the_playbook_as_given(tmp_path):
+    """A secret travels in the playbook's environment (secrets_to_env): it arrives with the extra vars' precedence
+    (over an inventory value), as the string given (0777 is not 511) and not templated again."""
+    from deployer import runner
+    pb = tmp_path / "secrets.yml"
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                  "    - ansible.builtin.assert:\n        that:\n"
+                  "          - deployer_api_key is string\n          - deployer_api_key == '0777'\n"
+                  "          - deployer_hf_token == 'hf_' + '{' + '{x}}'\n")
+    res = runner.run(str(pb), "localhost,", {"ansible_connection": "local", "deployer_api_key": "0777",
+                                             "deployer_hf_token": "hf_{{x}}"})
+    assert res.exit_code() == runner.Exit.OK, res
