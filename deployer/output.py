@@ -201,7 +201,7 @@ class Display:
                        "elapsed_seconds": res.get("elapsed_seconds"), "eta_seconds": 0, "overdue_seconds": None,
                        "passed_seconds": seconds})
         elif not self.live:
-            from deployer.ansible_plugins.module_utils.vllm_logs import PHASE_TITLES
+            from deployer.ansible_plugins.module_utils.engine_logs import PHASE_TITLES
             label = "prewarm" if phase == "prewarm" else "load"
             took = f"{float(seconds):.0f}s" if isinstance(seconds, (int, float)) else "?"
             self.line(f"{'':>8}[magenta]{host}[/] {label}: {PHASE_TITLES.get(phase, phase)} done [dim]{took}[/]")
@@ -239,7 +239,7 @@ class Display:
             self._verbose_task(data, kind)
             if res.get("diff") and not self.as_json:
                 self._diff(host, res["diff"])
-            if action == "vllm_watch" and kind == "runner_on_ok":
+            if action == "engine_watch" and kind == "runner_on_ok":
                 self._watch_done(host, res)
             elif kind == "runner_on_ok" and (action in DEBUG or (action in ASSERT and res.get("msg"))):
                 if res.get("msg") is not None and not res.get("skipped"):

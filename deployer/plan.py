@@ -57,7 +57,7 @@ SECRET_KEYS = ("api_key", "hf_token")
 # same id with different files), and a release's recorded unit is the one it was verified with.  The log-line
 # wrapper the unit runs is named by its content (line_splitter_path), and that path is a release input too.
 _REPO = Path(__file__).resolve().parent.parent
-_TEMPLATES = [_REPO / "templates" / n for n in ("vllm.service.j2", "vllm.env.j2")]
+_TEMPLATES = [_REPO / "templates" / n for n in ("engine.service.j2", "engine.env.j2")]
 _LINE_SPLITTER = _REPO / "roles" / "render" / "files" / "journal_lines.py"
 
 

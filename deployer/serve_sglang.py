@@ -7,7 +7,7 @@ runs SGLang's own parser and server-args resolution on the result before any res
 Two things SGLang cannot check GPU-less, and the deployer therefore encodes itself (docs/backends.md):
   * attention backends that do not run on sm_120 (RTX PRO 6000 Blackwell): ``sm120_refusals``;
   * the SGLang releases that lack the Kimi-K2.5 class or its EAGLE-3 hook: ``version_refusal`` (the version pin)
-    and, on the installed source, the patch stage's capability probe (roles/vllm_patch, the ``sglang_capability``
+    and, on the installed source, the patch stage's capability probe (roles/patch, the ``sglang_capability``
     module over ``module_utils/sglang_source.py``).
 """
 from __future__ import annotations

@@ -13,6 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Roles renamed (old prefix -> new), so that a setting of the old name is refused with its new one: the old prefix
+# names no role any more, and an unknown name without a known prefix would pass unseen (2026-12: the install and
+# patch stages lost the engine's name, as they serve SGLang too).
+RENAMED_PREFIXES = {"vllm_install_": "install_", "vllm_patch_": "patch_"}
 
 
 @lru_cache(maxsize=1)
@@ -20,7 +24,8 @@ def known() -> tuple[frozenset, tuple, tuple]:
     """(known names, prefixes, the documented settings: what a did-you-mean may suggest)."""
     import yaml
     roles = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
-    prefixes = tuple(sorted({"deployer_"} | {r + "_" for r in roles if r not in ("deployer", "stage")}))
+    prefixes = tuple(sorted({"deployer_"} | {r + "_" for r in roles if r not in ("deployer", "stage")}
+                            | set(RENAMED_PREFIXES)))
     names = set()
     for d in (ROOT / "roles").glob("*/defaults/main.yml"):
         names |= set((yaml.safe_load(d.read_text()) or {}).keys())
@@ -40,6 +45,11 @@ def unknown(names) -> list[str]:
     out = []
     for n in sorted(set(names)):
         if isinstance(n, str) and n.startswith(prefixes) and n not in ok:
+            old = next((p for p in RENAMED_PREFIXES if n.startswith(p)), None)
+            new = RENAMED_PREFIXES[old] + n[len(old):] if old else None
+            if new in documented:
+                out.append(f"{n} (renamed: {new})")
+                continue
             close = difflib.get_close_matches(n, documented, n=2, cutoff=0.8)
             out.append(n + (f" (did you mean {' or '.join(close)}?)" if close else " (no such setting)"))
     return out

@@ -6,7 +6,7 @@ A run directory (recorded by ``bench/real_engine/harness.py`` on a GPU machine; 
 the unit hands it to journald), ``timing.jsonl`` (for each read: seconds since start, byte offset, length) and
 ``result.json`` (``/health`` transitions, API answers).  The bytes are split as the unit's log-line wrapper
 (``roles/render/files/journal_lines.py``) splits them: every ``\\r`` or ``\\n`` piece one journal message, stamped
-with the time its bytes arrived; then fed to ``LoadState`` exactly as ``vllm_watch`` feeds journal lines.
+with the time its bytes arrived; then fed to ``LoadState`` exactly as ``engine_watch`` feeds journal lines.
 
     .venv/bin/python bench/real_engine/replay.py tests/fixtures/real-gpu/vllm-0.20.0-h200/good_warm
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from deployer.ansible_plugins.module_utils import vllm_logs as V  # noqa: E402
+from deployer.ansible_plugins.module_utils import engine_logs as V  # noqa: E402
 
 
 def messages(run_dir):

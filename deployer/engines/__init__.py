@@ -10,7 +10,7 @@ SkyPilot registers its load-balancing policies: ``@register`` on a subclass of `
 How to add an engine (docs/design.md, "Adding an engine"): a module here with an ``Engine`` subclass and
 ``@register`` (every module of this package is imported and registers itself); its argv builder (one place per
 engine, like ``deployer/serve.py``); its verifier ``roles/verify/files/<name>_verify.py``; its log rules in
-``module_utils/vllm_logs.py`` (``RULESETS``) and a stand-in in ``deployer/sandbox/`` for the sandbox.  No role
+``module_utils/engine_logs.py`` (``RULESETS``) and a stand-in in ``deployer/sandbox/`` for the sandbox.  No role
 changes.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Engine:
     patchable = False          # the patch stage applies the EAGLE-3 patches (else it checks the source)
     capability_probe = False   # the patch stage reads the installed source for what this deploy needs
     verifier = ""              # roles/verify/files/<verifier>: the engine's own checks, GPU-less
-    log_rules = ""             # vllm_logs.RULESETS key: the load phases as this engine logs them
+    log_rules = ""             # engine_logs.RULESETS key: the load phases as this engine logs them
     drafts_metric = ""         # the /metrics counter of EAGLE-3 drafts (the smoke test's proof it is on)
     unit_marker = ""           # a word only this engine's ExecStart has (to tell which engine a unit starts)
     health_timeout_seconds = 2.0   # how long one GET /health may take before the watch counts it unanswered

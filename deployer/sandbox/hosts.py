@@ -12,11 +12,11 @@ directory, the vLLM stand-in server, and the rehearsal knobs in /etc/deployer-sa
 
 Packages: the hosts have no route to a package index, like many production GPU
 hosts.  The deployer installs vLLM with ``uv --offline`` from the host's uv cache
-(``vllm_install_offline``); the sandbox pre-seeds that cache by hard-linking the
+(``install_offline``); the sandbox pre-seeds that cache by hard-linking the
 controller's uv cache into the host's upper layer (0.9 s for 10 GB, no extra disk).
 The controller's cache is filled by ``scripts/dev.sh`` (a real install of each vLLM
 release the tests use, from the index).  On a real offline host the same role variable works after the
-cache is seeded (rsync), or use ``vllm_install_wheelhouse_dir``.
+cache is seeded (rsync), or use ``install_wheelhouse_dir``.
 
 Pitfalls handled (docs/sandbox.md): clean /root (no pyenv in
 .bashrc), opaque *.target.wants, fresh machine-id, never SIGTERM the container's
@@ -514,7 +514,7 @@ def write_client_files(hosts: list[Host]) -> None:
         # ask the real, installed vLLM for supports_eagle3(); packages come from the pre-seeded uv cache.
         "deployer_sandbox": True,
         "deployer_launcher": ["{python}", STANDIN_PATH],
-        "vllm_install_offline": True,
+        "install_offline": True,
         "deployer_drafter_src_dir": str(STATE / "drafter"),
         "deployer_model_dir": MODEL_DIR,
         "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),

@@ -134,7 +134,7 @@ def test_sigterm_or_ctrl_c_stops_the_playbook_says_so_and_the_next_up_finishes_t
 
 # (role whose task is under way when the controller dies, the settings of the new release)
 CASES = [
-    ("vllm_install", ["-e", "deployer_vllm_version=0.18.0"]),      # a new venv, uv installing into it
+    ("install", ["-e", "deployer_vllm_version=0.18.0"]),      # a new venv, uv installing into it
     ("start", ["-e", "deployer_gpu_memory_utilization=0.871"]),    # unit installed, server restarting
     ("watch", ["-e", "deployer_gpu_memory_utilization=0.872"]),    # the new server loading, current not moved
     ("release", ["-e", "deployer_gpu_memory_utilization=0.873"]),  # smoke passed, current being moved
@@ -147,7 +147,7 @@ def test_killed_in_a_stage_then_the_same_up_finishes_the_job(role, args):
         sh(H, "echo '{\"load_seconds\": 12}' > /etc/deployer-sandbox/standin.json")
     installing = "pgrep -f '[p]ip install --python /opt/deployer/venvs/vllm-0.18.0' || true"   # [p]: not this shell
     try:
-        if role == "vllm_install":    # killed while uv installs: the install goes on without its controller
+        if role == "install":    # killed while uv installs: the install goes on without its controller
             kill_during(role, [*args, *FAST], task="Create the venv", until=installing)
             left = sh(H, installing).split()
             assert left, "the install did not outlive its controller: nothing to guard here"
@@ -169,7 +169,7 @@ def test_killed_in_a_stage_then_the_same_up_finishes_the_job(role, args):
     assert sh(H, f"cmp -s /etc/systemd/system/{SVC}.service /opt/deployer/current/{SVC}.service && echo same",
               check=False) == "same"
     # nothing half-done left in use or lying about
-    if role == "vllm_install":   # the half-installed venv was finished (or redone) before any release used it
+    if role == "install":   # the half-installed venv was finished (or redone) before any release used it
         venv = json.loads(sh(H, "cat /opt/deployer/current/release.json"))["venv"]
         assert "/venvs/vllm-0.18.0" in venv and argv[0].startswith(venv + "/"), (venv, argv[:2])
         assert sh(H, f"cat {venv}/.deployer-installed") == "0.18.0"

@@ -31,7 +31,7 @@ def in_unit(cmd, as_service_user=True):
 
 
 def test_01_server_runs_unprivileged_and_confined():
-    r = up("-e", "vllm_install_compile_bytecode=true")     # the product's default (the sandbox turns it off)
+    r = up("-e", "install_compile_bytecode=true")     # the product's default (the sandbox turns it off)
     assert r.returncode == 0, r.stdout + r.stderr
     # guards: the venv is compiled to bytecode as it is installed, as root: the service user cannot write .pyc into
     # it, so without them every start would compile what it imports in memory
@@ -170,7 +170,7 @@ def test_04b_a_disk_that_fills_up_during_the_drafter_copy_gets_its_space_back(tm
         sh(H, "umount -l /opt/deployer/drafters; rm -rf /root/drafters.keep", check=False)
 
 
-def test_04c_a_disk_that_fills_up_during_the_vllm_install_gets_its_space_back():
+def test_04c_a_disk_that_fills_up_during_the_install_gets_its_space_back():
     """Issue #12, disk full during the install.  /opt/deployer/venvs is a small filesystem of its own (a tmpfs; the
     live venv stays visible in it through a bind mount).  The preflight is told the new venv needs little
     (``preflight_venv_disk_gib``: as if it had counted wrong, or something else filled the disk on the way), so

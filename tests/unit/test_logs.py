@@ -1,7 +1,7 @@
 """The load-phase parser on vLLM's real line formats (docs/standin-fidelity.md lists each line's vLLM source)."""
 import pytest
 
-from deployer.ansible_plugins.module_utils.vllm_logs import (
+from deployer.ansible_plugins.module_utils.engine_logs import (
     LoadState,
     eta_seconds,
     spec_decode_delta,
@@ -152,7 +152,7 @@ def test_tracebacks_after_ready_are_not_fatal():
 
 # ------------------------------------------------------------------ the last fatal line (status, crash loops)
 def test_root_cause_reads_past_ready_and_prefers_the_specific_kind():
-    from deployer.ansible_plugins.module_utils.vllm_logs import root_cause
+    from deployer.ansible_plugins.module_utils.engine_logs import root_cause
     serving_then_dying = [
         "(APIServer pid=9) INFO 11-30 12:00:00 [launcher.py:46] Application startup complete.",
         "(EngineCore_DP0 pid=7) ERROR 11-30 12:00:06 [multiproc_executor.py:247] Worker proc VllmWorker-3 died "
@@ -205,7 +205,7 @@ def test_a_crash_right_after_a_phase_s_end_line_is_named_by_the_phase_that_follo
     # guards (issue 24): the watcher named the phase whose LAST line it had seen: a crash in torch.compile's trace
     # (after "Model loading took", before compile's first line) was "loading drafter", one in the KV-cache
     # profiling run "torch.compile", one before the first CUDA graph "KV cache sizing"
-    from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+    from deployer.ansible_plugins.module_utils.engine_logs import LoadState
     st = LoadState()
     for i, line in enumerate(["Starting to load model /srv/models/Kimi-K2.5...",
                               "Loading safetensors checkpoint shards: 100% Completed | 64/64 [00:01<00:00]",
@@ -216,7 +216,7 @@ def test_a_crash_right_after_a_phase_s_end_line_is_named_by_the_phase_that_follo
 
 
 def test_vllm_0_20_s_eagle_head_compile_after_the_warmup_run_stays_compile():
-    from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+    from deployer.ansible_plugins.module_utils.engine_logs import LoadState
     st = LoadState()
     for t, line in enumerate(["Model loading took 0.24 GiB memory and 0.674104 seconds",
                               "torch.compile took 21.54 s in total", "Initial profiling/warmup run took 4.37 s",

@@ -22,11 +22,11 @@ EVENTS = [
     ev("runner_on_start", "h1", "preflight", "Ensure the host has 8 GPUs."),
     ev("runner_on_ok", "h1", "preflight", "Ensure the host has 8 GPUs.", "ansible.builtin.assert",
        {"msg": "All assertions passed"}),
-    ev("runner_on_start", "h1", "vllm_patch", "Ensure vLLM has exactly the EAGLE-3 patches"),
-    ev("runner_on_ok", "h1", "vllm_patch", "Ensure vLLM has exactly the EAGLE-3 patches", "vllm_eagle3_patch",
+    ev("runner_on_start", "h1", "patch", "Ensure vLLM has exactly the EAGLE-3 patches"),
+    ev("runner_on_ok", "h1", "patch", "Ensure vLLM has exactly the EAGLE-3 patches", "vllm_eagle3_patch",
        {"changed": True}),
-    ev("runner_on_start", "h1", "vllm_patch", "Report what the patch engine did."),
-    ev("runner_on_ok", "h1", "vllm_patch", "Report what the patch engine did.", "ansible.builtin.debug",
+    ev("runner_on_start", "h1", "patch", "Report what the patch engine did."),
+    ev("runner_on_ok", "h1", "patch", "Report what the patch engine did.", "ansible.builtin.debug",
        {"msg": "patched vLLM 0.16.0: P1, P2"}),
     ev("runner_on_start", "h1", "drafter", "Ship the drafter."),
     ev("runner_on_skipped", "h1", "drafter", "Ship the drafter."),
@@ -37,7 +37,7 @@ EVENTS = [
     ev("runner_retry", "h1", "watch", res={
         "phase": "graphs", "phase_title": "CUDA graph capture", "percent": None, "progress": None,
         "elapsed_seconds": 200.0, "eta_seconds": 3.0, "overdue_seconds": 12.0}),
-    ev("runner_on_ok", "h1", "watch", "Follow the model load until /health answers", "vllm_watch",
+    ev("runner_on_ok", "h1", "watch", "Follow the model load until /health answers", "engine_watch",
        {"state": "ready", "phase": "ready", "elapsed_seconds": 230.0, "phase_seconds": {"weights": 100}}),
     ev("runner_on_start", "h1", "watch", "Ensure the server came up."),
     ev("runner_on_ok", "h1", "watch", "Ensure the server came up.", "ansible.builtin.assert",
@@ -80,7 +80,7 @@ def test_one_line_per_stage(terminal, verbose):
     assert "Validating arguments" not in text and "All assertions passed" not in text
     assert "Ship the drafter" not in text                       # a skipped task's title never shows
     if verbose:
-        assert text.count("task: vllm_patch / Report what the patch engine did.") == 1
+        assert text.count("task: patch / Report what the patch engine did.") == 1
     else:
         assert "task:" not in text and "Report what the patch engine did" not in text
     if not terminal:

@@ -62,7 +62,7 @@ def test_each_real_failure_is_named_by_its_root_cause_with_advice(run, kind, lin
 
 
 def test_the_spec_decode_counters_of_a_real_server():
-    from deployer.ansible_plugins.module_utils.vllm_logs import spec_decode_delta, spec_decode_stats
+    from deployer.ansible_plugins.module_utils.engine_logs import spec_decode_delta, spec_decode_stats
     api = replay(RUNS / "good_second")["api"]
     after = spec_decode_stats(api["metrics_after_five"]["body"])
     assert after["present"] and after["num_drafts"] > 0 and after["num_draft_tokens"] == 3 * after["num_drafts"]
@@ -130,7 +130,7 @@ def test_a_worker_killed_while_serving_is_a_silent_death_not_the_engines_words()
     # guards: with tensor parallelism the engine core's own monitor reports a killed worker at ERROR level
     # ("Worker proc VllmWorker-3 died unexpectedly", vllm/v1/executor/multiproc_executor.py); that line says a
     # process is gone, it is no root cause of the engine's own, so the death stays "killed" (status, the watcher)
-    from deployer.ansible_plugins.module_utils.vllm_logs import root_cause
+    from deployer.ansible_plugins.module_utils.engine_logs import root_cause
     lines = ["(APIServer pid=7) INFO 12-01 12:40:21 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000",
              "(EngineCore_DP0 pid=9) ERROR 12-01 12:41:00 [multiproc_executor.py:154] Worker proc VllmWorker-3 died "
              "unexpectedly, shutting down executor.",

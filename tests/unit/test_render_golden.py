@@ -44,7 +44,7 @@ def render_plan(tmp_path, plan, **extra):
         # as roles/render does: the template lookup on this controller, its text handed to the host's release_render
         {"ansible.builtin.copy": {"content": "{{ lookup('ansible.builtin.template', '%s') }}"
                                              % (ROOT / f"templates/{t}.j2"), "dest": str(tmp_path / t)}}
-        for t in ("vllm.service", "vllm.env")]}]
+        for t in ("engine.service", "engine.env")]}]
     (tmp_path / "pb.yml").write_text(yaml.safe_dump(pb))
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
@@ -52,7 +52,7 @@ def render_plan(tmp_path, plan, **extra):
                         "-e", f"@{tmp_path / 'vars.json'}", str(tmp_path / "pb.yml")],
                        capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    return (tmp_path / "vllm.service").read_text(), (tmp_path / "vllm.env").read_text()
+    return (tmp_path / "engine.service").read_text(), (tmp_path / "engine.env").read_text()
 
 
 def check(name, text):

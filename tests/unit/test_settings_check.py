@@ -10,6 +10,14 @@ def test_typos_are_named_with_the_closest_setting():
     assert unknown(["deployer_xyz"]) == ["deployer_xyz (no such setting)"]
 
 
+def test_settings_of_a_renamed_role_are_refused_with_their_new_name():
+    """The roles vllm_install and vllm_patch became install and patch (2026-12): an inventory that still sets
+    vllm_install_offline must be told, not silently deployed online (its prefix no longer names a role)."""
+    assert unknown(["vllm_install_offline", "vllm_install_index_url", "vllm_patch_x"]) == [
+        "vllm_install_index_url (renamed: install_index_url)", "vllm_install_offline (renamed: install_offline)",
+        "vllm_patch_x (no such setting)"]
+
+
 def test_every_documented_setting_and_playbook_switch_is_known():
     """Every setting the README's settings table and the roles' argument specs document is accepted (issue 24 item
     9: this checked known()'s list against itself).  Read here from the files, independently of known()."""
@@ -28,8 +36,8 @@ def test_every_documented_setting_and_playbook_switch_is_known():
     for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         in_docs |= set(re.findall(r"`([a-z]+_[a-z0-9_]*[a-z0-9])(?:=[^`]*)?`", f.read_text()))
     assert "deployer_api_key" in in_docs and "balancer_drain_wait_seconds" in in_docs, sorted(in_docs)
-    from deployer.ansible_plugins.module_utils import vllm_logs
-    in_docs -= {kind for kind, _rx in vllm_logs.FATAL}   # failure kinds the docs name (drafter_shape)
+    from deployer.ansible_plugins.module_utils import engine_logs
+    in_docs -= {kind for kind, _rx in engine_logs.FATAL}   # failure kinds the docs name (drafter_shape)
     assert not unknown(in_docs)
     _names, _prefixes, documented = known()
     assert set(documented) <= specs            # what a did-you-mean suggests is a real, specified setting

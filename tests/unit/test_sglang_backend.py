@@ -5,7 +5,7 @@ import pytest
 from deployer import plan, serve, serve_sglang
 from deployer.ansible_plugins.filter_plugins.deployer_filters import parse_gpu_csv, sm120_refusals
 from deployer.ansible_plugins.module_utils import releases, sglang_source
-from deployer.ansible_plugins.module_utils.vllm_logs import LoadState, spec_decode_delta, spec_decode_stats
+from deployer.ansible_plugins.module_utils.engine_logs import LoadState, spec_decode_delta, spec_decode_stats
 
 BASE = dict(root="/opt/deployer", vllm_version="0.16.0", sglang_version="0.5.23", service_name="deployer-vllm",
             port=8000, model_dir="/srv/models/Kimi-K2.5", served_model_name="kimi-k2.5", tensor_parallel_size=8,

@@ -1,14 +1,14 @@
-"""vllm_watch's journal reading: byte-array and over-4096-byte messages (tqdm bars) are not lost."""
+"""engine_watch's journal reading: byte-array and over-4096-byte messages (tqdm bars) are not lost."""
 import json
 import sys
 
-from deployer.ansible_plugins.module_utils import host_io, vllm_logs
-from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+from deployer.ansible_plugins.module_utils import engine_logs, host_io
+from deployer.ansible_plugins.module_utils.engine_logs import LoadState
 
 # Ansible ships module_utils to the host under ansible.module_utils.*; map it for an in-process import.
-sys.modules.setdefault("ansible.module_utils.vllm_logs", vllm_logs)
+sys.modules.setdefault("ansible.module_utils.engine_logs", engine_logs)
 sys.modules.setdefault("ansible.module_utils.host_io", host_io)
-from deployer.ansible_plugins.modules import vllm_watch  # noqa: E402
+from deployer.ansible_plugins.modules import engine_watch  # noqa: E402
 
 
 class FakeModule:
@@ -30,7 +30,7 @@ def test_journal_decodes_binary_messages_and_asks_for_all_fields():
         {"MESSAGE": None, "__MONOTONIC_TIMESTAMP": "2500000"},
     ]
     m = FakeModule("\n".join(json.dumps(x) for x in lines))
-    entries = vllm_watch.journal(m, "deployer-vllm", "abc")
+    entries = engine_watch.journal(m, "deployer-vllm", "abc")
     assert "--all" in m.calls[0] and "_SYSTEMD_INVOCATION_ID=abc" in m.calls[0]
     assert len(entries) == 2 and entries[1][0] == 2.0
     st = LoadState()
@@ -60,7 +60,7 @@ def test_a_cgroup_setup_failure_waits_for_systemds_own_restart_then_gives_up():
         props = dict(ActiveState="activating", SubState="auto-restart", MainPID="0", ExecMainStatus="219",
                      NRestarts="0", InvocationID="", ActiveEnterTimestampMonotonic="0")
         props.update(kw)
-        return vllm_watch.look(UnitModule(**props), P)
+        return engine_watch.look(UnitModule(**props), P)
     r = look()
     assert r["state"] == "loading" and "219, CGROUP" in r["note"]
     assert look(NRestarts="2")["state"] == "crashed"                       # a bounded number of times
@@ -94,7 +94,7 @@ def test_a_slow_health_answer_is_waited_for_as_long_as_the_engine_says():
         port = srv.server_address[1]
         vllm_t = engines.get("vllm").describe("")["health_timeout_seconds"]
         sglang_t = engines.get("sglang").describe("")["health_timeout_seconds"]
-        assert vllm_watch.health(port, timeout=vllm_t) == 0          # unanswered within vLLM's 2 s
-        assert vllm_watch.health(port, timeout=sglang_t) == 200      # SGLang's: waited for
+        assert engine_watch.health(port, timeout=vllm_t) == 0          # unanswered within vLLM's 2 s
+        assert engine_watch.health(port, timeout=sglang_t) == 200      # SGLang's: waited for
     finally:
         srv.shutdown()

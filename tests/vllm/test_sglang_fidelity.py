@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from deployer.ansible_plugins.module_utils import sglang_source
-from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+from deployer.ansible_plugins.module_utils.engine_logs import LoadState
 from deployer.sandbox import sglang_standin
 from deployer.sandbox.hosts import write_model_dir
 from helpers import CACHE, ROOT, need

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.ansible_plugins.module_utils.vllm_logs import LoadState
+from deployer.ansible_plugins.module_utils.engine_logs import LoadState
 from deployer.sandbox import standin
 from deployer.sandbox.hosts import write_model_dir
 from helpers import CACHE, ROOT, need

@@ -19,7 +19,7 @@ except ImportError:
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
 from deployer import controller_id, drafter, engines, plan, serve, settings_check, versions  # noqa: E402
-from deployer.ansible_plugins.module_utils import formats, vllm_logs  # noqa: E402
+from deployer.ansible_plugins.module_utils import engine_logs, formats  # noqa: E402
 
 
 def parse_gpu_csv(text):
@@ -207,6 +207,6 @@ class FilterModule(object):
             "version_tuple": version_tuple,
             "disk_shortfalls": disk_shortfalls,
             "drafter_manifest": drafter_manifest,
-            "spec_decode_stats": vllm_logs.spec_decode_stats,
-            "spec_decode_delta": vllm_logs.spec_decode_delta,
+            "spec_decode_stats": engine_logs.spec_decode_stats,
+            "spec_decode_delta": engine_logs.spec_decode_delta,
         }

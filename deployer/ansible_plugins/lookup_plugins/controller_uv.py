@@ -55,5 +55,5 @@ class LookupModule(LookupBase):
         uv = find_uv()
         if not uv:
             raise AnsibleError("no uv on this controller to ship to the host: install it (pip install uv) "
-                               "or set vllm_install_uv_src to a uv binary")
+                               "or set install_uv_src to a uv binary")
         return [uv]

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """The server's ``EnvironmentFile=``: written (``quote``, through the ``systemd_env_quote`` filter in
-templates/vllm.env.j2) and read back (``parse``, by the ``deployer_state`` module: the rollback's smoke
+templates/engine.env.j2) and read back (``parse``, by the ``deployer_state`` module: the rollback's smoke
 test needs the target release's API key) by the code in this one file.
 
 Format: ``KEY="value"`` lines, double quotes with backslash escapes, as systemd.exec(5) parses them

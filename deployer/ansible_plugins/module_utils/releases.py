@@ -254,13 +254,13 @@ def _unit_props(service):
 
 
 def _last_fatal(service, lines=600):
-    """The root cause of the newest run of the unit that logged one (module_utils vllm_logs.root_cause over each
+    """The root cause of the newest run of the unit that logged one (module_utils engine_logs.root_cause over each
     systemd invocation of the journal's last ``lines``): {kind, line, runs_ago (0: the run now), at (epoch s)}."""
     import subprocess
     try:
-        from ansible.module_utils.vllm_logs import journal_entry, root_cause  # on the host
+        from ansible.module_utils.engine_logs import journal_entry, root_cause  # on the host
     except ImportError:
-        from deployer.ansible_plugins.module_utils.vllm_logs import journal_entry, root_cause  # on the controller
+        from deployer.ansible_plugins.module_utils.engine_logs import journal_entry, root_cause  # on the controller
     try:
         out = subprocess.run(["journalctl", "-u", service + ".service", "-n", str(lines), "-o", "json", "--all",
                               "--no-pager", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID"],

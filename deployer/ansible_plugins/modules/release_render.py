@@ -66,7 +66,7 @@ EXAMPLES = r"""
     dir: /opt/deployer/releases/0123456789ab
     files:
       - {name: argv.json, content: "[]\n", mode: "0644"}
-      - {name: deployer-vllm.service, content: "{{ lookup('template', 'vllm.service.j2') }}", mode: "0644"}
+      - {name: deployer-vllm.service, content: "{{ lookup('template', 'engine.service.j2') }}", mode: "0644"}
     checksums: [argv.json, deployer-vllm.service]
     manifest: {id: 0123456789ab}
     unit: deployer-vllm.service

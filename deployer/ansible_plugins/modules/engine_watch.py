@@ -4,7 +4,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: vllm_watch
+module: engine_watch
 short_description: Follow a vLLM server through its model load, one short look at a time
 description:
   - Reads the unit's journal since its last start, folds the lines into a load phase
@@ -44,7 +44,7 @@ options:
     default: {}
   engine:
     description:
-      - Whose log lines to read, a key of C(RULESETS) in module_utils/vllm_logs.py (the engine's C(log_rules),
+      - Whose log lines to read, a key of C(RULESETS) in module_utils/engine_logs.py (the engine's C(log_rules),
         today C(vllm) or C(sglang)); the phases and fatal lines differ.  Another value fails before anything is read.
     type: str
     default: vllm
@@ -74,7 +74,7 @@ author:
 
 EXAMPLES = r"""
 - name: Wait until vLLM has loaded and answers /health.
-  vllm_watch:
+  engine_watch:
     service: deployer-vllm
     port: 8000
   register: watch
@@ -129,8 +129,8 @@ tail:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.engine_logs import RULESETS, LoadState, advice, eta_seconds, journal_entry, overdue_seconds
 from ansible.module_utils.host_io import http_get, systemd_show
-from ansible.module_utils.vllm_logs import RULESETS, LoadState, advice, eta_seconds, journal_entry, overdue_seconds
 
 TAIL = 40
 # systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
@@ -169,7 +169,7 @@ def journal(module, service, invocation):
 
 
 def _advice(fatal):
-    """What to change for this root cause (vllm_logs.advice), as a clause of the reason; "" when none."""
+    """What to change for this root cause (engine_logs.advice), as a clause of the reason; "" when none."""
     text = advice(fatal["kind"], fatal["line"]) if fatal else ""
     return " (%s)" % text if text else ""
 
@@ -269,7 +269,7 @@ def main():
         supports_check_mode=True,
     )
     if module.params["engine"] not in RULESETS:
-        module.fail_json(msg="engine: got %r, expected one of %s (module_utils/vllm_logs.py RULESETS)"
+        module.fail_json(msg="engine: got %r, expected one of %s (module_utils/engine_logs.py RULESETS)"
                          % (module.params["engine"], ", ".join(sorted(RULESETS))))
     p = module.params
     deadline = time.time() + p["poll_seconds"]

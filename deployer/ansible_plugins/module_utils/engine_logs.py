@@ -2,7 +2,7 @@
 """Engine start-up log parser (vLLM, and SGLang with ``LoadState("sglang")``): which load phase the server is
 in, how far, and whether it died.
 
-Pure and standard-library only: used on the host by the ``vllm_watch`` module and on
+Pure and standard-library only: used on the host by the ``engine_watch`` module and on
 the controller by the CLI and tests.  Each rule's source line in vLLM is listed in
 docs/standin-fidelity.md.  tqdm redraws start with ``\\r`` (vLLM's shard bar also ends
 each redraw with a newline; the CUDA-graph bars do not): ``feed`` splits on both.
