@@ -199,7 +199,7 @@ def logs(follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
          lines: Annotated[int, typer.Option("-n", "--lines")] = 100,
          host: Host = None, port: Port = 22, user: User = "root", key: Key = None, sandbox: Sandbox = False,
          sandbox_host: Annotated[str, typer.Option("--sandbox-host")] = "sbx1",
-         service: Annotated[str, typer.Option("--service")] = "deployer-vllm"):
+         service: Annotated[str, typer.Option("--service")] = "deployer-engine"):
     """The server's log (journal), streamed over SSH with fabric (host keys checked against known_hosts)."""
     if bool(host) == bool(sandbox):
         die(Exit.USAGE, "say which host: --host ADDR or --sandbox")

@@ -11,7 +11,7 @@ import pytest
 from deployer.output import STAGES
 from helpers import ROOT, STRICT
 
-SVC = "deployer-vllm"
+SVC = "deployer-engine"
 
 
 def venv(version="0.16.0", patched=True):

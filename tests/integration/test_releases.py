@@ -12,6 +12,7 @@ from helpers import CACHE, need
 from sandbox_helpers import (
     FAST,
     ROOT,
+    SVC,
     auth,
     deployer,
     flat,
@@ -259,13 +260,13 @@ def test_watch_logs_and_status_commands():
     assert r.returncode == 0, r.stderr
     live = sh(H, "basename $(readlink /opt/deployer/current)")
     assert f"{H}: release {live}" in flat(r.stdout) and "health 200" in r.stdout and "over 8 GPUs" in r.stdout
-    sh(H, "systemctl stop deployer-vllm")
+    sh(H, "systemctl stop deployer-engine")
     try:
         r = deployer("status", "--sandbox")
         assert r.returncode == 1, r.stdout + r.stderr             # a cron job can act on it
         assert "unit inactive" in flat(r.stdout) and "health 200" not in r.stdout
     finally:
-        sh(H, "systemctl start deployer-vllm")
+        sh(H, "systemctl start deployer-engine")
     assert deployer("watch", "--sandbox").returncode == 0
 
 
@@ -403,3 +404,39 @@ def test_if_changed_skips_even_the_full_path_when_live_and_deploys_what_changed(
     assert sh(H, "readlink /opt/deployer/current") != cur and main_pid(H) != pid
     assert "49152" in json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"]
     assert stages(r.stderr, H).get("smoke") in ("ok", "unchanged", "changed"), r.stderr
+
+
+def test_a_renamed_unit_is_retired_by_the_next_up_and_a_rollback_crosses_the_rename():
+    """Hosts deployed before 2026-12 run the unit deployer-vllm; the default is now deployer-engine (or an operator
+    renames it).  The next `up` must stop and remove the old unit before it starts the new one - although the old
+    server holds the port and GPU memory, which preflight would otherwise refuse - and a rollback to a release
+    rendered under the old name runs it under the new one, never bringing the old unit back."""
+    from deployer.sandbox import hosts as sbx
+    old = "deployer-vllm"
+    r = up("-e", f"deployer_service_name={old}", "-e", "deployer_max_model_len=7168", *FAST)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sh(H, f"systemctl is-active {old}") == "active"
+    assert sh(H, "ls /etc/systemd/system/deployer-engine.service 2>&1 || true").endswith("No such file or directory")
+    r0 = sh(H, "readlink /opt/deployer/current").rsplit("/", 1)[1]
+    assert sh(H, f"ls /opt/deployer/releases/{r0}/*.service") == f"/opt/deployer/releases/{r0}/{old}.service"
+
+    sbx.set_knobs(H, gpus={"used_mib": [41234] * 8})   # the old server's memory (the stand-in holds none)
+    try:
+        r = up("-e", "deployer_max_model_len=7680", *FAST)
+    finally:
+        sbx.set_knobs(H, gpus={})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sh(H, f"systemctl is-active {SVC}") == "active"
+    assert sh(H, f"systemctl is-active {old} || true") in ("inactive", "unknown")
+    assert sh(H, f"ls -d /etc/systemd/system/{old}.service* 2>/dev/null || true") == ""
+    assert sh(H, f"systemctl is-enabled {old} 2>&1 || true") != "enabled"
+
+    r = deployer("rollback", "--sandbox")       # back to r0, rendered when the unit was deployer-vllm
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sh(H, "readlink /opt/deployer/current").endswith(r0)
+    assert sh(H, f"systemctl is-active {SVC}") == "active"
+    assert sh(H, f"ls -d /etc/systemd/system/{old}.service* 2>/dev/null || true") == ""
+    assert sh(H, f"cmp /opt/deployer/releases/{r0}/{old}.service /etc/systemd/system/{SVC}.service && echo same") \
+        == "same"
+    argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
+    assert "7168" in argv and "7680" not in argv, argv

@@ -155,7 +155,7 @@ def test_03b_busy_gpus_are_refused_when_our_server_is_not_running():
     finally:
         sbx.set_knobs(H, gpus={})
     assert r.returncode == 3, r.stdout + r.stderr
-    assert ("GPU 3: measured 41234 MiB in use with deployer-vllm not running; expected <= 2048 MiB"
+    assert ("GPU 3: measured 41234 MiB in use with deployer-engine not running; expected <= 2048 MiB"
             in flat(r.stderr)), r.stderr
     assert after == before
     r = up()   # GPUs free again: the live release is started again, nothing else changes
@@ -176,7 +176,7 @@ def test_03c_a_foreign_process_on_the_port_is_refused():
         sh("systemctl stop foreign-8000 || true")
     assert r.returncode == 3, r.stdout + r.stderr
     assert "port 8000: measured in use by pid" in flat(r.stderr), r.stderr
-    assert "(python3); expected free or held by deployer-vllm" in flat(r.stderr), r.stderr
+    assert "(python3); expected free or held by deployer-engine" in flat(r.stderr), r.stderr
     assert up().returncode == 0 and sh(f"systemctl is-active {SVC}") == "active"
 
 

@@ -86,10 +86,10 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox):
                      and e["percent"] is not None})
     assert len([p for p in graphs if 0 < p < 100]) >= 2, graphs
     # every redraw is its own journal entry, as vLLM's _BAR_FORMAT makes it
-    n = int(sh(H, "journalctl -u deployer-vllm --no-pager -o cat --all | grep -c 'Loading safetensors checkpoint "
+    n = int(sh(H, "journalctl -u deployer-engine --no-pager -o cat --all | grep -c 'Loading safetensors checkpoint "
                   "shards: .* Completed | [0-9]*/64' || true"))
     assert n >= 64, n
     # the \r-only graph bar too, once split by the wrapper; the wrapper passes the engine's pid-less lines on
-    g = int(sh(H, "journalctl -u deployer-vllm --no-pager -o cat --all | grep -c '^Capturing CUDA graphs' || true"))
+    g = int(sh(H, "journalctl -u deployer-engine --no-pager -o cat --all | grep -c '^Capturing CUDA graphs' || true"))
     assert g >= 10, g
-    assert "journal_lines-" in sh(H, "systemctl show -p ExecStart --value deployer-vllm")
+    assert "journal_lines-" in sh(H, "systemctl show -p ExecStart --value deployer-engine")

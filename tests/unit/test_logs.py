@@ -186,11 +186,11 @@ def test_last_fatal_is_the_newest_run_that_logged_one(monkeypatch):
     monkeypatch.setattr(sp, "run", lambda *a, **k: sp.CompletedProcess(a, 0, ("\n".join(lines) + "\n").encode(), b""))
     # a worker that died and said nothing itself (only the executor's words): a silent death, named as one
     # (issue 21: SIGKILL, on a real host usually the kernel's OOM killer)
-    assert rel._last_fatal("deployer-vllm") == {
+    assert rel._last_fatal("deployer-engine") == {
         "kind": "killed", "line": "Worker proc VllmWorker-3 died unexpectedly, shutting down executor.",
         "runs_ago": 1, "at": 3.5}
     lines[:] = lines[3:]
-    assert rel._last_fatal("deployer-vllm") is None
+    assert rel._last_fatal("deployer-engine") is None
 
 
 @pytest.mark.parametrize("last,phase", [

@@ -64,7 +64,7 @@ def check(name, text):
 
 def test_unit_and_env_golden(tmp_path):
     unit, env = render(tmp_path)
-    check("deployer-vllm.service", unit)
+    check("deployer-engine.service", unit)
     check("vllm.env", env)
 
 

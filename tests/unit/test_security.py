@@ -248,7 +248,7 @@ def test_logs_refuses_a_service_name_that_is_not_one(service):
     from deployer.cli.views import journal_command
     with pytest.raises(ValueError):
         journal_command(service, 100, False, True)
-    assert journal_command("deployer-vllm", 5, True, False) == "sudo -n journalctl -u deployer-vllm.service " \
+    assert journal_command("deployer-engine", 5, True, False) == "sudo -n journalctl -u deployer-engine.service " \
                                                               "--no-pager -n 5 -f"
 
 

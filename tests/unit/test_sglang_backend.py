@@ -7,7 +7,7 @@ from deployer.ansible_plugins.filter_plugins.deployer_filters import parse_gpu_c
 from deployer.ansible_plugins.module_utils import releases, sglang_source
 from deployer.ansible_plugins.module_utils.engine_logs import LoadState, spec_decode_delta, spec_decode_stats
 
-BASE = dict(root="/opt/deployer", vllm_version="0.16.0", sglang_version="0.5.23", service_name="deployer-vllm",
+BASE = dict(root="/opt/deployer", vllm_version="0.16.0", sglang_version="0.5.23", service_name="deployer-engine",
             port=8000, model_dir="/srv/models/Kimi-K2.5", served_model_name="kimi-k2.5", tensor_parallel_size=8,
             gpu_memory_utilization=0.9, max_model_len=131072, api_key="k3y", patch_engine_id="abcd1234")
 MANIFEST = {"tree_sha256": "ab" * 32, "files": [], "bytes": 1, "architecture": "LlamaForCausalLMEagle3"}

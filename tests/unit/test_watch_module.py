@@ -30,7 +30,7 @@ def test_journal_decodes_binary_messages_and_asks_for_all_fields():
         {"MESSAGE": None, "__MONOTONIC_TIMESTAMP": "2500000"},
     ]
     m = FakeModule("\n".join(json.dumps(x) for x in lines))
-    entries = engine_watch.journal(m, "deployer-vllm", "abc")
+    entries = engine_watch.journal(m, "deployer-engine", "abc")
     assert "--all" in m.calls[0] and "_SYSTEMD_INVOCATION_ID=abc" in m.calls[0]
     assert len(entries) == 2 and entries[1][0] == 2.0
     st = LoadState()
@@ -51,7 +51,7 @@ class UnitModule:
         return 0, "", ""
 
 
-P = {"service": "deployer-vllm", "port": 1, "stall_seconds": {}, "budget_seconds": 1800,
+P = {"service": "deployer-engine", "port": 1, "stall_seconds": {}, "budget_seconds": 1800,
      "previous_phase_seconds": {}, "stall_floor_factor": 0, "engine": "vllm"}
 
 

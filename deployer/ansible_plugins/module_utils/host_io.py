@@ -90,3 +90,30 @@ def write_atomic(path, data, mode):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+UNIT_DIR = "/etc/systemd/system"
+
+
+def deployer_units(root, unit_dir=UNIT_DIR):
+    """The units this deployer root installed, by name (without ``.service``): each a plain file in ``unit_dir``
+    (never a link) that reads its environment from one of ``root``'s releases (``EnvironmentFile=<root>/releases/``:
+    what every release's unit says, templates/engine.service.j2).  A unit renamed by the operator - or by the
+    default, deployer-vllm -> deployer-engine - leaves its old name here, still running, until a start retires it."""
+    mark = "EnvironmentFile=%s/releases/" % root.rstrip("/")
+    out = []
+    try:
+        names = sorted(os.listdir(unit_dir))
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(unit_dir, name)
+        if not name.endswith(".service") or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        try:
+            with open(path) as f:
+                if any(line.startswith(mark) for line in f.read(1 << 20).splitlines()):
+                    out.append(name[:-len(".service")])
+        except (OSError, UnicodeDecodeError):
+            continue
+    return out

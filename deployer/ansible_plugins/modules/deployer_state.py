@@ -56,13 +56,13 @@ EXAMPLES = r"""
 - name: Read the host's releases, links, lock and live release
   deployer_state:
     root: /opt/deployer
-    service: deployer-vllm
+    service: deployer-engine
   register: host
 
 - name: Read the rollback target (the previous release) with its API key
   deployer_state:
     root: /opt/deployer
-    service: deployer-vllm
+    service: deployer-engine
     target: ""
     want_secrets: true
   register: host

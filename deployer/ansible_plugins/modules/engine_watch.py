@@ -75,7 +75,7 @@ author:
 EXAMPLES = r"""
 - name: Wait until vLLM has loaded and answers /health.
   engine_watch:
-    service: deployer-vllm
+    service: deployer-engine
     port: 8000
   register: watch
   until: watch.state != 'loading'

@@ -29,6 +29,10 @@ options:
   service_user:
     description: The service user the server runs as.
     type: str
+  deploy_root:
+    description:
+      - The deploy root; with it, the other units of this root still installed are read (I(retire_units)).
+    type: path
   stat_paths:
     description: Paths to report on (C(exists), and C(lstat) for what the install stage may then skip).
     type: list
@@ -60,7 +64,7 @@ EXAMPLES = r"""
   preflight_facts:
     model_dir: /srv/models/Kimi-K2.5
     port: 8000
-    service_name: deployer-vllm
+    service_name: deployer-engine
     service_user: vllm
   register: host
 """
@@ -74,6 +78,13 @@ service_active:
   description: C(systemctl is-active) of the unit (active, inactive, failed, ...).
   returned: with model_dir
   type: str
+retire_units:
+  description:
+    - Other units of I(deploy_root) still installed (a renamed unit; host_io.deployer_units), each with
+      C(systemctl is-active).  The start stage stops and removes them; their server's GPU memory and port are ours.
+  returned: with model_dir
+  type: list
+  elements: dict
 model_config_exists:
   description: Whether I(model_dir)/config.json exists.
   returned: with model_dir
@@ -149,7 +160,7 @@ import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.host_io import nvidia_devices
+from ansible.module_utils.host_io import deployer_units, nvidia_devices
 from ansible.module_utils.safetensors_header import check_shards
 
 SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap",
@@ -189,14 +200,15 @@ def shards_present(model_dir):
     return sorted(n for n in names if not n.startswith(".") and fnmatch.fnmatch(n, "*.safetensors"))
 
 
-def port_holders(port, service_name):
-    """Listeners on the port whose cgroup is not the server's own unit."""
+def port_holders(port, service_names):
+    """Listeners on the port whose cgroup is not one of the server's own units."""
     out = run(["ss", "-H", "-ltnp", "sport = :%d" % port])["stdout"]
     holders = []
     for pid in sorted(set(re.findall(r"pid=(\d+)", out)), key=int):
         try:
             with open("/proc/%s/cgroup" % pid) as f:
-                if "/%s.service" % service_name in f.read():
+                cgroup = f.read()
+                if any("/%s.service" % name in cgroup for name in service_names):
                     continue
         except OSError:
             pass
@@ -266,6 +278,7 @@ def main():
         port=dict(type="int"),
         service_name=dict(type="str"),
         service_user=dict(type="str"),
+        deploy_root=dict(type="path"),
         stat_paths=dict(type="list", elements="path", default=[]),
         df_paths=dict(type="list", elements="path", default=[]),
         read_files=dict(type="list", elements="path", default=[]),
@@ -287,13 +300,15 @@ def main():
         except KeyError:
             entry = None
         user_exists = entry is not None
+        others = [n for n in (deployer_units(p["deploy_root"]) if p["deploy_root"] else []) if n != p["service_name"]]
         res.update(
+            retire_units=[dict(name=n, active=run(["systemctl", "is-active", n])["stdout"].strip()) for n in others],
             smi=run(SMI_QUERY),
             service_active=run(["systemctl", "is-active", p["service_name"]])["stdout"].strip(),
             model_config_exists=os.path.exists(os.path.join(d, "config.json")),
             index_files=listed, index_error=index_error, shards_present=present,
             shard_check=dict(bad=bad, checked=checked, tensor_bytes=tensor_bytes),
-            port_holders=port_holders(p["port"], p["service_name"]),
+            port_holders=port_holders(p["port"], [p["service_name"]] + others),
             nvidia_devices=nvidia_devices(), service_user_exists=user_exists, service_user_entry=entry,
             unreadable=unreadable(d, p["service_user"], user_exists))
     m.exit_json(**res)

@@ -66,11 +66,11 @@ EXAMPLES = r"""
     dir: /opt/deployer/releases/0123456789ab
     files:
       - {name: argv.json, content: "[]\n", mode: "0644"}
-      - {name: deployer-vllm.service, content: "{{ lookup('template', 'engine.service.j2') }}", mode: "0644"}
-    checksums: [argv.json, deployer-vllm.service]
+      - {name: deployer-engine.service, content: "{{ lookup('template', 'engine.service.j2') }}", mode: "0644"}
+    checksums: [argv.json, deployer-engine.service]
     manifest: {id: 0123456789ab}
-    unit: deployer-vllm.service
-    live_unit_path: /etc/systemd/system/deployer-vllm.service
+    unit: deployer-engine.service
+    live_unit_path: /etc/systemd/system/deployer-engine.service
 """
 
 RETURN = r"""

@@ -36,7 +36,9 @@ options:
     description: File name in I(secrets_dir) -> content; never logged, never shown in a diff.
     type: dict
   unit_src:
-    description: The release's unit file.
+    description:
+      - The release's unit file.  A release rendered under another unit name holds it as C(<that name>.service);
+        when I(unit_src) is not there, the one C(*.service) beside it is used (its text does not name the unit).
     type: path
     required: true
   unit_path:
@@ -55,6 +57,13 @@ options:
     description: The port the old server answers C(/health) on.
     type: int
     required: true
+  deploy_root:
+    description:
+      - The deploy root.  With it, every other unit of this root still installed (host_io.deployer_units; a unit
+        renamed by the operator, or by the default - deployer-vllm became deployer-engine) is stopped, disabled
+        and removed with its secrets drop-in before I(service) starts, so that two servers never hold the GPUs and
+        the port at once; the old server's C(/health) is then what I(old_server) reports.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -69,9 +78,9 @@ author:
 EXAMPLES = r"""
 - name: Start the release.
   release_start:
-    unit_src: /opt/deployer/releases/0123456789ab/deployer-vllm.service
-    unit_path: /etc/systemd/system/deployer-vllm.service
-    service: deployer-vllm
+    unit_src: /opt/deployer/releases/0123456789ab/deployer-engine.service
+    unit_path: /etc/systemd/system/deployer-engine.service
+    service: deployer-engine
     port: 8000
 """
 
@@ -80,6 +89,11 @@ restarted:
   description: The server was (re)started into this unit.
   returned: always
   type: bool
+retired:
+  description: The other units of I(deploy_root) stopped and removed before the start.
+  returned: always
+  type: list
+  elements: str
 unit_changed:
   description: The unit file differed and was replaced.
   returned: always
@@ -103,7 +117,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.host_io import systemd_show
+from ansible.module_utils.host_io import UNIT_DIR, deployer_units, systemd_show
 from ansible.module_utils.releases import http_health, write_atomic
 
 
@@ -137,6 +151,35 @@ def secrets_to_write(m, p):
     return out
 
 
+def unit_source(path):
+    """The release's unit: ``path``, else the one ``*.service`` beside it (a release rendered under another unit
+    name: a rollback across a rename installs its unit under today's name; its text does not name the unit)."""
+    if os.path.isfile(path):
+        return path
+    d = os.path.dirname(path)
+    try:
+        found = [n for n in os.listdir(d) if n.endswith(".service") and os.path.isfile(os.path.join(d, n))]
+    except OSError:
+        found = []
+    return os.path.join(d, found[0]) if len(found) == 1 else path
+
+
+def retire_units(m, names):
+    """Stop, disable and remove each unit in ``names`` (and its secrets drop-in): the server it ran is gone."""
+    for name in names:
+        m.run_command(["systemctl", "stop", name], check_rc=True)
+        m.run_command(["systemctl", "disable", name])          # not enabled: nothing to undo
+        dropin = os.path.join(UNIT_DIR, name + ".service.d")
+        for path in (os.path.join(UNIT_DIR, name + ".service"), os.path.join(dropin, "deployer-secrets.conf")):
+            if os.path.lexists(path):
+                os.unlink(path)
+        if os.path.isdir(dropin) and not os.listdir(dropin):
+            os.rmdir(dropin)
+    m.run_command(["systemctl", "daemon-reload"], check_rc=True)
+    for name in names:
+        m.run_command(["systemctl", "reset-failed", name])     # forget its failed state, if any
+
+
 def main():
     m = AnsibleModule(argument_spec=dict(unit_src=dict(type="path", required=True),
                                          unit_path=dict(type="path", required=True),
@@ -147,10 +190,12 @@ def main():
                                          dropin=dict(type="str"),
                                          secrets_dir=dict(type="path"),
                                          secrets_env_file=dict(type="str", default="server.env"),
-                                         secrets=dict(type="dict", no_log=True)),
+                                         secrets=dict(type="dict", no_log=True),
+                                         deploy_root=dict(type="path")),
                       supports_check_mode=True)
     p = m.params
-    new, old = read(p["unit_src"]), read(p["unit_path"])
+    retire = [n for n in deployer_units(p["deploy_root"]) if n != p["service"]] if p["deploy_root"] else []
+    new, old = read(unit_source(p["unit_src"])), read(p["unit_path"])
     if new is None:
         m.fail_json(msg="release unit %s not found" % p["unit_src"])
     unit_changed = new != old
@@ -160,11 +205,12 @@ def main():
     props = systemd_show(p["service"], ["ActiveState", "SubState", "UnitFileState"], m.run_command)
     down = props.get("SubState") == "auto-restart" or props.get("ActiveState") == "failed"
     running = props.get("ActiveState") in ("active", "activating", "reloading")
-    restart = unit_changed or down or ((dropin_changed or secrets_changed) and running)
+    restart = unit_changed or down or ((dropin_changed or secrets_changed) and running) or (bool(retire) and running)
     start = not restart and not running
     enable = props.get("UnitFileState") != "enabled"
-    res = dict(changed=unit_changed or restart or start or enable or dropin_changed or bool(new_secrets),
-               restarted=restart or start, unit_changed=unit_changed, dropin_changed=dropin_changed,
+    res = dict(changed=(unit_changed or restart or start or enable or dropin_changed or bool(new_secrets)
+                        or bool(retire)),
+               restarted=restart or start, retired=retire, unit_changed=unit_changed, dropin_changed=dropin_changed,
                secrets_changed=secrets_changed, old_server=None)
     if m._diff and unit_changed:
         res["diff"] = {"before": old or "", "after": new, "before_header": p["unit_path"],
@@ -186,9 +232,15 @@ def main():
         write_atomic(p["unit_path"], new, 0o644)
     if unit_changed or dropin_changed:
         m.run_command(["systemctl", "daemon-reload"], check_rc=True)
+    if retire:
+        # the old name's server answers on the port: its health is the old server's, and it stops first
+        code = http_health(p["port"], p["host"])
+        res["old_server"] = {"ok": code == 200, "at": round(time.time(), 3)}
+        retire_units(m, retire)
     if restart:
         code = http_health(p["port"], p["host"]) if running else None
-        res["old_server"] = {"ok": code == 200, "at": round(time.time(), 3)}
+        if not retire:
+            res["old_server"] = {"ok": code == 200, "at": round(time.time(), 3)}
         m.run_command(["systemctl", "restart", p["service"]], check_rc=True)
     elif start:
         m.run_command(["systemctl", "start", p["service"]], check_rc=True)
