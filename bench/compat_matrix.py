@@ -141,6 +141,9 @@ def vllm_row(version: str) -> dict:
                         "vllm/version.py"):
                 if rel in names:
                     z.extract(rel, d)
+            for rel in names:   # Model Runner V2's speculators: P5's detection reads them when no proposer exists
+                if rel.startswith("vllm/" + pe.MRV2_SPEC_DECODE + "/") and rel.endswith(".py"):
+                    z.extract(rel, d)
             try:
                 plan = pe.plan_from_sources(str(Path(d) / "vllm"))
                 row["patch"] = ("patched: " + ", ".join(plan.needed)) if plan.needed else "native"

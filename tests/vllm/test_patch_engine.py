@@ -9,7 +9,7 @@ from helpers import ROOT
 
 pytestmark = pytest.mark.vllm
 PATCHED = ["0.16.0", "0.17.1"]
-NATIVE = ["0.18.0", "0.33.0"]
+NATIVE = ["0.18.0", "0.33.0", "0.34.0"]
 
 
 def tree_hashes(root):
@@ -91,6 +91,20 @@ def test_native_versions_change_nothing(vllm_src, version):
     res = pe.apply(str(root))
     assert not res["changed"] and res["patches"] == [] and "native support" in res["msg"]
     assert tree_hashes(root) == before and not (root / pe.STATE_DIR).exists()
+
+
+def test_a_model_runner_v2_only_vllm_needs_no_p5_unless_its_speculator_reads_the_image_token(vllm_src):
+    """vLLM 0.34 has no v1/spec_decode proposer (P5's site): Model Runner V2's EAGLE speculator takes a multimodal
+    target's inputs as merged embeddings and never reads image_token_index, so there is nothing for P5 to do.  Found
+    by detection: a speculator that did read it would be refused, not called native."""
+    root = vllm_src("0.34.0")
+    assert not any((root / rel).exists() for rel in pe.PROPOSER_FILES)
+    plan = pe.plan_from_sources(str(root))
+    assert plan.needed == [] and "P5" in plan.native
+    spec = root / pe.MRV2_EAGLE
+    spec.write_text(spec.read_text() + "\n_ = target_model.config.image_token_index\n")
+    with pytest.raises(pe.PatchError, match="not recognised"):
+        pe.plan_from_sources(str(root))
 
 
 def test_0_15_1_refused(vllm_src):

@@ -37,6 +37,9 @@ F_DSV2 = "model_executor/models/deepseek_v2.py"
 F_K25 = "model_executor/models/kimi_k25.py"
 F_SPEC = "config/speculative.py"
 PROPOSER_FILES = ("v1/spec_decode/llm_base_proposer.py", "v1/spec_decode/eagle.py")
+# Model Runner V2's EAGLE speculator: from vLLM 0.34 the only one (the v1/spec_decode proposers are gone)
+MRV2_EAGLE = "v1/worker/gpu/spec_decode/eagle/speculator.py"
+MRV2_SPEC_DECODE = "v1/worker/gpu/spec_decode"
 
 # Text model types the EAGLE-3 allow-list must accept for Kimi-K2.5 (same as vLLM 0.18.0).
 ALLOW_LIST_NAMES = ("eagle3_target_supported", "aux_hidden_states_supported")
@@ -450,10 +453,26 @@ def _p4_edit(ctx, d):
     spec.insert(spec.node_end(allow.value.elts[-1]), "".join(', "%s"' % m for m in missing))
 
 
+def _mrv2_reads_image_token(root):
+    """Whether any file of Model Runner V2's speculators reads ``image_token_index`` (P5's subject)."""
+    for d, _dirs, files in os.walk(os.path.join(root, MRV2_SPEC_DECODE)):
+        for name in files:
+            if name.endswith(".py") and b"image_token_index" in _read(d, name):
+                return True
+    return False
+
+
 def _p5_detect(ctx):
     prel = _proposer_rel(ctx.root)
     if prel is None:
-        raise PatchError("vLLM %s: EAGLE proposer (%s) not recognised" % (ctx.version, " or ".join(PROPOSER_FILES)))
+        # vLLM 0.34+: no v1/spec_decode proposer at all; Model Runner V2's EAGLE speculator takes a multimodal
+        # target's inputs as merged embeddings and never sets the drafter's image_token_index from the target's
+        # config (what failed for Kimi-K2.5, whose config has media_placeholder_token_id): nothing to patch
+        if (not any(os.path.exists(os.path.join(ctx.root, rel)) for rel in PROPOSER_FILES)
+                and os.path.isfile(os.path.join(ctx.root, MRV2_EAGLE)) and not _mrv2_reads_image_token(ctx.root)):
+            return True, None
+        raise PatchError("vLLM %s: EAGLE proposer (%s, or %s without an image_token_index lookup) not recognised"
+                         % (ctx.version, " or ".join(PROPOSER_FILES), MRV2_EAGLE))
     return "media_placeholder_token_id" in ctx.src(prel).text, prel
 
 
