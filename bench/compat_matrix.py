@@ -24,6 +24,7 @@ import ast
 import datetime
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,21 @@ def wheel(pkg: str, version: str) -> Path:
     return found[0]
 
 
+def install_check(pkg: str, version: str) -> str:
+    """Whether uv can resolve ``pkg==version`` with its pinned dependencies against the package index this machine
+    uses, for a Debian 12 host (Python 3.11, manylinux_2_28): "ok", or "not installable here: " and uv's cause (vLLM
+    0.34.0 pins flashinfer-python==0.7.3, which the index does not have: the install stage would fail on it)."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or "uv"
+    r = subprocess.run([uv, "pip", "compile", "-q", "--no-header", "--python-version", "3.11",
+                        "--python-platform", "x86_64-manylinux_2_28", "-"], input=f"{pkg}=={version}\n",
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode == 0:
+        return "ok"
+    cause = [ln.strip() for ln in r.stderr.splitlines() if ln.strip().startswith("cause:")] or r.stderr.splitlines()
+    return "not installable here: " + " ".join((cause[0] if cause else "uv failed").split())[:240].removeprefix(
+        "cause: ")
+
+
 def torch_pin(z: zipfile.ZipFile) -> str:
     meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
     for line in z.read(meta).decode().splitlines():
@@ -127,6 +143,7 @@ def vllm_row(version: str) -> dict:
         path = wheel("vllm", version)
     except subprocess.CalledProcessError as e:
         return dict(row, error=f"not installable here: {e.stderr.decode()[-300:].strip()}")
+    row["install"] = install_check("vllm", version)
     with zipfile.ZipFile(path) as z:
         names = set(z.namelist())
         py = {n: z.read(n).decode("utf-8", "replace") for n in names if n.endswith(".py") and n.startswith("vllm/")}
@@ -186,6 +203,7 @@ def sglang_row(version: str) -> dict:
         path = wheel("sglang", version)
     except subprocess.CalledProcessError as e:
         return dict(row, error=f"not installable here: {e.stderr.decode()[-300:].strip()}")
+    row["install"] = install_check("sglang", version)
     with zipfile.ZipFile(path) as z, tempfile.TemporaryDirectory() as d:
         row["torch"] = torch_pin(z)
         for n in z.namelist():
@@ -225,7 +243,9 @@ def table(rows: list[dict], commit: str, today: str = "") -> str:
            "**--disable-log-requests** what its parser does with that flag, read from its source (its own flag; the "
            "inverse every `--enable-x` boolean gets from 0.33's parser; or refused); "
            "**torch** its pin (the lent GPU "
-           "machine has torch 2.11).\n",
+           "machine has torch 2.11); **installs** whether uv resolves the release with its pinned dependencies "
+           "against the package index this bench used, for a Debian 12 host (Python 3.11), or why not (the install "
+           "stage would fail the same way on a host using that index).\n",
            "Not run per release (each needs ~11 GB installed): the engine's own checks on the rendered argv, the "
            "stand-in reading that release's lines, the watcher and the smoke. CI runs them on vLLM 0.16.0 and 0.18.0 "
            "and SGLang 0.5.23, and on vLLM 0.33.0 the stand-in's lines and the verifier's imports (0.33.0 was deployed "
@@ -235,33 +255,33 @@ def table(rows: list[dict], commit: str, today: str = "") -> str:
            "with that evidence and says what each release gives on given GPUs.\n",
            "## vLLM\n",
            "| vLLM | patch | wordings the watcher matches | load | spec keys | EAGLE-3 target check | aux ids | "
-           "drafter fc | MRv2 | --disable-log-requests | verifier | torch |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "drafter fc | MRv2 | --disable-log-requests | verifier | torch | installs |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["engine"] != "vLLM":
             continue
         if r.get("error"):
-            out.append(f"| {r['version']} | {' '.join(r['error'].split())[-160:]} | | | | | | | | | | |")
+            out.append(f"| {r['version']} | {' '.join(r['error'].split())[-160:]} | | | | | | | | | | | |")
             continue
         out.append(f"| {r['version']} | {r['patch']} | {', '.join(r['wordings'])} | {'/'.join(r['load_strategies'])} "
                    f"| {', '.join(r['spec_keys']) or '-'} | {'yes' if r['eagle3_target_check'] else 'no'} | "
                    f"{r['aux_ids']} | {r['fc_sizing']} | {r['model_runner_v2_default']} | "
                    f"{DLR[r['disable_log_requests']]} | "
                    f"{('lacks ' + ', '.join(r['verifier_missing'])) if r['verifier_missing'] else 'ok'} | "
-                   f"{r['torch']} |")
-    out += ["", "## SGLang\n", "| SGLang | capability probe (Kimi-K2.5 + EAGLE-3, Llama drafter) | aux ids | torch |",
-            "|---|---|---|---|"]
+                   f"{r['torch']} | {r.get('install', '-')} |")
+    out += ["", "## SGLang\n", "| SGLang | capability probe (Kimi-K2.5 + EAGLE-3, Llama drafter) | aux ids | torch | "
+            "installs |", "|---|---|---|---|---|"]
     for r in rows:
         if r["engine"] != "SGLang":
             continue
         if r.get("error"):
-            out.append(f"| {r['version']} | {r['error']} | | |")
+            out.append(f"| {r['version']} | {r['error']} | | | |")
             continue
         cap = r["capability"]
         text = cap.get("refused") or ("; ".join(cap["problems"]) if cap.get("problems") else
                                       "serves it: Kimi-K2.5 class, EAGLE-3 hook, drafter class "
                                       f"{cap.get('drafter_class')}")
-        out.append(f"| {r['version']} | {text} | {r['aux_ids']} | {r['torch']} |")
+        out.append(f"| {r['version']} | {text} | {r['aux_ids']} | {r['torch']} | {r.get('install', '-')} |")
     return "\n".join(out) + "\n"
 
 

@@ -8,8 +8,8 @@ script would not import), ``patched`` (supported with the deployer's patches) or
 backs it, strongest first: ``real GPU`` (a real engine loaded and served on that compute capability), ``sandbox``
 (deployed in the sandbox, the release's own checks on the rendered argv, on every CI run), ``source`` (only read).
 ``other GPU`` (a real engine on another compute capability: it proves the engine, not these kernels).
-``recommended`` is the newest supported release with at least sandbox evidence; on GPUs no release has run on, the
-verdict says so instead of pretending.
+``recommended`` is the newest supported release with at least sandbox evidence whose pinned dependencies the package
+index has; on GPUs no release has run on, the verdict says so instead of pretending.
 """
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def verdict(row: dict) -> tuple[str, str]:
 def notes(row: dict) -> list[str]:
     """What an operator of this release should know (from the measured columns)."""
     out = []
+    if row.get("install", "ok") != "ok":   # its pinned dependencies, resolved against the index (bench/compat_matrix)
+        out.append(row["install"])
     if row["engine"] != "vLLM" or row.get("error"):
         return out
     if row.get("eagle3_target_check") is False:
@@ -97,12 +99,12 @@ def report(data: dict, compute_cap: str = "12.0", default: dict | None = None) -
         outcome, why = verdict(r)
         ev, where = evidence_for(r["engine"], r["version"], compute_cap, data.get("evidence", {}))
         rows.append({"engine": r["engine"], "version": r["version"], "outcome": outcome, "why": why,
-                     "evidence": ev, "where": where, "notes": notes(r),
+                     "evidence": ev, "where": where, "notes": notes(r), "installable": r.get("install", "ok") == "ok",
                      "default": default.get(r["engine"]) == r["version"]})
     recommended = {}
     for engine in sorted({r["engine"] for r in rows}):
         ok = [r for r in rows if r["engine"] == engine and r["outcome"] in ("patched", "native")
-              and EVIDENCE_RANK[r["evidence"]] >= EVIDENCE_RANK["sandbox"]]
+              and EVIDENCE_RANK[r["evidence"]] >= EVIDENCE_RANK["sandbox"] and r["installable"]]
         if ok:
             best = max(ok, key=lambda r: vtuple(r["version"]))
             recommended[engine] = best["version"]

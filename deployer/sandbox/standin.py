@@ -77,6 +77,15 @@ MESSAGES = {
     "max_conc": ("v1/core/kv_cache_utils.py", ("Maximum concurrency for",)),
     "graphs_desc": ("v1/worker/gpu_model_runner.py", ("Capturing CUDA graphs (",)),
     "graphs_done": ("v1/worker/gpu_model_runner.py", ("Graph capturing finished in",)),
+    # Model Runner V2 (v1/worker/gpu/; opt-in from 0.16, the only runner from 0.34): its own lines and order
+    "start_v2": ("v1/worker/gpu/model_runner.py", ("Loading model from scratch",)),
+    "eagle3_aux_v2": ("v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", ("Using Eagle3 auxiliary layers from model",)),
+    "eagle3_aux_cfg_v2": ("v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+                          ("Using Eagle3 auxiliary layers from config",)),
+    "eagle3_v2": ("v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", ("Model does not support EAGLE3 interface",)),
+    "model_took_v2": ("v1/worker/gpu/model_runner.py", ("Model loading took",)),
+    "graphs_desc_v2": ("v1/worker/gpu/cudagraph_utils.py", ("Capturing CUDA graphs",)),
+    "graphs_done_v2": ("v1/worker/gpu/model_runner.py", ("Graph capturing finished in",)),
     # 0.20+: "... took %.2f s (compilation: %.2f s)"; 0.33 puts a variant for models with a compiled encoder first
     "engine": ("v1/engine/core.py", ("%.2f s (compilation: %.2f s)", "init engine (profile")),
     "engine_failed": ("v1/engine/core.py", ("EngineCore failed to start",)),
@@ -92,9 +101,18 @@ MESSAGES = {
 # Messages a newer vLLM no longer prints on their own, and what says it instead (the fidelity test allows only
 # these to be missing from an installed source).
 GONE = {
+    # 0.34: the V1 GPU runner (v1/worker/gpu_model_runner.py) is gone; Model Runner V2 says these (the *_v2 keys)
+    "start": "0.34: Model Runner V2 only: 'Loading model from scratch...' (start_v2)",
+    "drafter": "0.34: Model Runner V2 loads the drafter without a line of its own (after eagle3_aux_v2)",
+    "eagle3": "0.34: eagle3_v2, in v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+    "model_took": "0.34: model_took_v2", "graphs_desc": "0.34: graphs_desc_v2", "graphs_done": "0.34: graphs_done_v2",
     "kv_size": "0.33: one line with max_conc, '%s KV cache size: %s tokens, Maximum concurrency for ...'",
     "core_died": "0.33: the client raises 'Engine core process ... died unexpectedly.' instead (v1/utils.py)",
 }
+# Messages an older vLLM does not print yet (its Model Runner V2 had no EAGLE-3 support; the stand-in speaks V2 only
+# where the V1 runner is gone, from 0.34).
+NOT_YET = {k: "Model Runner V2's EAGLE-3 lines: not in 0.16's v1/worker/gpu/" for k in
+           ("eagle3_aux_v2", "eagle3_aux_cfg_v2", "eagle3_v2")}
 # Only when no vLLM is importable (the stand-in run by hand): vLLM 0.16.0's text.
 FALLBACK = {
     "start": "Starting to load model %s...", "weights_took": "Loading weights took %.2f seconds",
@@ -109,6 +127,11 @@ FALLBACK = {
     "kv_size": "GPU KV cache size: %s tokens", "max_conc": "Maximum concurrency for %s tokens per request: %.2fx",
     "graphs_desc": "Capturing CUDA graphs ({}, {})",
     "graphs_done": "Graph capturing finished in %.0f secs, took %.2f GiB",
+    "start_v2": "Loading model from scratch...", "eagle3_aux_v2": "Using Eagle3 auxiliary layers from model: %s",
+    "eagle3_aux_cfg_v2": "Using Eagle3 auxiliary layers from config: %s",
+    "eagle3_v2": "Model does not support EAGLE3 interface",
+    "model_took_v2": "Model loading took %s GiB memory and %.6f seconds",
+    "graphs_desc_v2": "Capturing CUDA graphs", "graphs_done_v2": "Graph capturing finished in %.0f secs, took %.2f GiB",
     "engine": "init engine (profile, create kv cache, warmup model) took %.2f seconds",
     "engine_failed": "EngineCore failed to start.",
     "init_failed": "Engine core initialization failed. See root cause above. Failed core proc(s): ",
@@ -359,14 +382,18 @@ def _supports_eagle3_cached():
     return got["ok"], got["version"], got["module"], False
 
 
-def check_eagle3(drafter_dir):
-    """What vLLM's GPUModelRunner.load_model does for method=eagle3, after the drafter has loaded."""
-    use_aux = True
+def check_eagle3(drafter_dir, v2=False):
+    """What vLLM's GPUModelRunner.load_model does for method=eagle3, after the drafter has loaded (Model Runner
+    V2: set_eagle3_aux_hidden_state_layers, after the target's weights and before the drafter's, which then says
+    which layers it captures)."""
+    use_aux, top_ids = True, None
     try:
         with open(os.path.join(drafter_dir, "config.json")) as f:
-            ec = json.load(f).get("eagle_config") or {}
+            dc = json.load(f)
+        ec = dc.get("eagle_config") or {}
         use_aux = ec.get("use_aux_hidden_state", True) is not False
-    except (OSError, ValueError):
+        top_ids = dc.get("eagle_aux_hidden_state_layer_ids")
+    except (OSError, ValueError, AttributeError):
         pass
     if not use_aux:
         return
@@ -375,7 +402,12 @@ def check_eagle3(drafter_dir):
     log(None, raw="supports_eagle3(KimiK25ForConditionalGeneration) = %s (vLLM %s, %s%s)"
         % (ok, version, module, "; remembered for these unchanged files" if cached else ""), where="standin.py")
     if not ok:
-        die("RuntimeError", SRC.text("eagle3"))
+        die("RuntimeError", SRC.text("eagle3_v2" if v2 else "eagle3"))
+    if v2:   # eagle3_utils.set_eagle3_aux_hidden_state_layers: the drafter's top-level ids, else the target's default
+        if top_ids:
+            log("eagle3_aux_cfg_v2", "(%s)" % ", ".join(str(i) for i in top_ids))
+        else:
+            log("eagle3_aux_v2", "(2, 30, 58)")   # Kimi-K2.5's 61 layers: (2, L // 2, L - 3)
 
 
 class Metrics(object):
@@ -610,21 +642,27 @@ def main(argv):
     spec = args.speculative_config or {}
     k_tokens = int(spec.get("num_speculative_tokens", 3)) if spec else 0
 
-    # GPUModelRunner.load_model: target weights, drafter, THEN the EAGLE-3 interface check
-    log("start", args.model_tag)
+    # V1's GPUModelRunner.load_model: target weights, drafter, THEN the EAGLE-3 interface check.  Model Runner V2
+    # (the only runner from 0.34; vllm/v1/worker/gpu/model_runner.py): target weights, the EAGLE-3 check and its
+    # aux layers line, then the drafter, which says nothing of its own before its shard bar.
+    v2 = not SRC.has("start") and SRC.has("start_v2")
+    log("start_v2" if v2 else "start", *(() if v2 else (args.model_tag,)))
     phase("weights")
     t0 = time.time()
     bar(shards_desc, shards, ps["weights"], bar_format)
     log("weights_took", time.time() - t0, who="Worker_TP0")
+    if v2 and spec.get("method") == "eagle3":
+        check_eagle3(spec.get("model", ""), v2=True)
     if spec:
-        log("drafter")
+        if not v2:
+            log("drafter")
         phase("drafter")
         t1 = time.time()
         bar(shards_desc, 1, ps["drafter"], bar_format)   # the drafter's single safetensors file
         log("weights_took", time.time() - t1)
-    if spec.get("method") == "eagle3":
+    if not v2 and spec.get("method") == "eagle3":
         check_eagle3(spec.get("model", ""))
-    log("model_took", "74.31", time.time() - t0)
+    log("model_took_v2" if v2 else "model_took", "74.31", time.time() - t0)
     phase("compile")
     # torch.compile's cache: a miss on the first start of a config, a hit after (vllm/compilation/backends.py)
     cache_root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "vllm")
@@ -658,13 +696,18 @@ def main(argv):
         log("kv_size", "418,016", who="EngineCore_DP0")
         log("max_conc", "131,072", 3.19, who="EngineCore_DP0")
     phase("graphs")
-    graphs = SRC.find("graphs_desc")[0]
+    if v2:   # CudaGraphManager.capture: desc=f"{progress_bar_desc} ({mode.name})", one bar per mode
+        graphs = SRC.find("graphs_desc_v2")[0]
+        descs = ("%s (PIECEWISE)" % graphs, "%s (FULL)" % graphs)
+    else:
+        graphs = SRC.find("graphs_desc")[0]
+        descs = (graphs.format("mixed prefill-decode", "PIECEWISE"), graphs.format("decode", "FULL"))
     if k.get("stall_phase") == "graphs":
-        bar(graphs.format("mixed prefill-decode", "PIECEWISE"), 33, 0.2, stop_at=5)
+        bar(descs[0], 33, 0.2, stop_at=5)
         stall("graphs")
-    bar(graphs.format("mixed prefill-decode", "PIECEWISE"), 33, ps["graphs"] / 2)
-    bar(graphs.format("decode", "FULL"), 19, ps["graphs"] / 2)
-    log("graphs_done", max(1, int(ps["graphs"])), 2.39)
+    bar(descs[0], 33, ps["graphs"] / 2)
+    bar(descs[1], 19, ps["graphs"] / 2)
+    log("graphs_done_v2" if v2 else "graphs_done", max(1, int(ps["graphs"])), 2.39)
     log("engine", time.time() - t0, ps["compile"], who="EngineCore_DP0")   # 0.20+: and the compile seconds
     phase("api")
     time.sleep(ps["api"])

@@ -51,6 +51,37 @@ def test_each_phase_in_order():
     assert st.fatal is None
 
 
+# vLLM 0.34: Model Runner V2 only (v1/worker/gpu/model_runner.py load_model: "Loading model from scratch...", the
+# target's weights, eagle3_utils.set_eagle3_aux_hidden_state_layers' line, the drafter's weights with no line of its
+# own, "Model loading took"; CudaGraphManager.capture's bar desc f"{progress_bar_desc} ({mode.name})")
+MRV2 = [
+    "(Worker_TP0 pid=4242) INFO 12-04 03:15:01 [model_runner.py:412] Loading model from scratch...",
+    "\r(Worker_TP0 pid=4242) Loading safetensors checkpoint shards:  45% Completed | 29/64 [01:10<01:32,  2.43s/it]",
+    "(Worker_TP0 pid=4242) INFO 12-04 03:16:08 [default_loader.py:320] Loading weights took 67.26 seconds",
+    "(Worker_TP0 pid=4242) INFO 12-04 03:16:08 [eagle3_utils.py:29] Using Eagle3 auxiliary layers from model: "
+    "(2, 30, 58)",
+    "\r(Worker_TP0 pid=4242) Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:36<00:00, 36.5s/it]",
+    "(Worker_TP0 pid=4242) INFO 12-04 03:16:45 [default_loader.py:320] Loading weights took 36.50 seconds",
+    "(Worker_TP0 pid=4242) INFO 12-04 03:16:46 [model_runner.py:442] Model loading took 56.62 GiB memory and "
+    "109.207956 seconds",
+    "(Worker_TP0 pid=4242) Capturing CUDA graphs (FULL): 100%|##########| 19/19 [00:10<00:00,  3.12it/s]",
+    "(Worker_TP0 pid=4242) INFO 12-04 03:18:40 [model_runner.py:1217] Graph capturing finished in 41 secs, took "
+    "2.39 GiB",
+    "(APIServer pid=4000) INFO 12-04 03:18:42 [entry.py:120] Starting vLLM server on http://0.0.0.0:5264",
+]
+
+
+def test_model_runner_v2_phases_and_which_runner_ran():
+    st, seen = LoadState(), []
+    for i, line in enumerate(MRV2):
+        st.feed(line, float(i))
+        seen.append(st.phase)
+    assert seen[:7] == ["starting", "weights", "weights", "drafter", "drafter", "drafter", "compile"], seen
+    assert st.facts["weights_seconds"] == 67.26 and st.facts["drafter_weights_seconds"] == 36.5
+    assert seen[7] == "graphs" and st.facts["model_runner"] == "v2" and seen[-1] == "api"
+    assert feed_all(REAL).facts["model_runner"] == "v1"
+
+
 def test_carriage_return_bars_give_latest_progress():
     st = feed_all(REAL[:2])
     assert st.phase == "weights" and st.progress == (29, 64) and st.percent() == 45.3

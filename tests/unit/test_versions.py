@@ -51,6 +51,20 @@ def test_the_recommendation_is_the_newest_supported_release_that_ran():
     assert {r["version"]: r["evidence"] for r in rep9["rows"]}["0.25.1"] == "real GPU" and not rep9["caveat"]
 
 
+def test_a_release_whose_dependencies_the_index_lacks_is_said_so_and_never_recommended():
+    """vLLM 0.34.0 pins flashinfer-python==0.7.3, which the package index does not have (measured by the bench's
+    resolution, bench/compat_matrix.py): its source serves Kimi-K2.5 natively, but uv cannot install it; the
+    deployer says so (the install stage would fail on it with uv's own words) and recommends the newest that does."""
+    cause = "no version of flashinfer-python==0.7.3 and vllm>=0.34.0 depends on flashinfer-python==0.7.3"
+    data = {"rows": [row("0.33.0"), row("0.34.0", install=f"not installable here: {cause}")],
+            "evidence": {"ci": {"vLLM": ["0.33.0", "0.34.0"]}, "real_gpu": []}}
+    rep = vs.report(data, "12.0")
+    by = {r["version"]: r for r in rep["rows"]}
+    assert by["0.34.0"]["outcome"] == "native" and rep["recommended"] == {"vLLM": "0.33.0"}
+    assert any(n == f"not installable here: {cause}" for n in by["0.34.0"]["notes"]), by["0.34.0"]["notes"]
+    assert not any("installable" in n for n in vs.notes(row("0.33.0", install="ok")))
+
+
 def test_notes_name_what_changed_for_the_operator():
     n = vs.notes(row("0.22.1", eagle3_target_check=False, model_runner_v2_default="auto",
                      aux_ids="top-level, else eagle_config"))
@@ -90,3 +104,22 @@ def test_bad_input_is_a_usage_error(args, said):
 def test_one_version_order_for_drivers_and_releases(a, b):
     from deployer.ansible_plugins.filter_plugins.deployer_filters import version_tuple
     assert vs.vtuple(a) > vs.vtuple(b) and version_tuple(a) > version_tuple(b)
+
+
+def test_a_release_the_matrix_refuses_is_refused_by_the_plan_before_anything_is_installed(tmp_path, monkeypatch):
+    """The plan reads the measured matrix (versions.measured_refusal): a refused release stops the deploy at the
+    plan, before a ~10 GB install, naming why (the sandbox test of it runs only while the newest release is one the
+    matrix refuses)."""
+    from test_plan import DRAFTER
+    from test_render_golden import settings
+
+    from deployer.plan import PlanError, make_plan
+    f = tmp_path / "compatibility.json"
+    f.write_text(json.dumps({"commit": "abc1234", "rows": [
+        row("0.35.0", "refused: vLLM 0.35.0: EAGLE proposer (v1/spec_decode/eagle.py) not recognised")]}))
+    monkeypatch.setattr(vs, "DATA", f)
+    with pytest.raises(PlanError, match=r"vLLM 0\.35\.0 cannot serve Kimi-K2\.5 with EAGLE-3 as measured from its "
+                                        r"own wheel \(deployer versions; docs/compatibility\.md, deployer commit "
+                                        r"abc1234\): EAGLE proposer"):
+        make_plan(settings(vllm_version="0.35.0", patch_enabled=False), DRAFTER)
+    assert make_plan(settings(vllm_version="0.18.0", patch_enabled=False), DRAFTER)["vllm_version"] == "0.18.0"

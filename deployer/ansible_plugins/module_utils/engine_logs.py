@@ -23,10 +23,12 @@ PHASE_TITLES = {
 # one or more process prefixes: "(Worker_TP0 pid=1) ", "(VllmWorker rank=1 pid=2) " (0.8.x), nested ones
 _PREFIX = re.compile(r"^(?:\((?:[A-Za-z_]+[A-Za-z0-9_]*)(?: [^)]*)?\)\s+)*")
 RX = {
-    "start": re.compile(r"Starting to load model (\S+?)\.{0,3}$"),
+    # V1's GPU runner names the model; Model Runner V2 (the only runner from 0.34) does not
+    "start": re.compile(r"Starting to load model (\S+?)\.{0,3}$|(Loading model from scratch)"),
     "shards": re.compile(r"Loading safetensors [^:]*?:\s+(\d+)% Completed \| (\d+)/(\d+)"),
     "weights_took": re.compile(r"Loading weights took ([\d.]+) seconds"),
-    "drafter": re.compile(r"Loading drafter model"),
+    # Model Runner V2 loads the drafter right after the EAGLE-3 check's aux-layers line, with no line of its own
+    "drafter": re.compile(r"Loading drafter model|Using Eagle3 auxiliary layers from (?:model|config)"),
     "model_took": re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"),
     "compile": re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total|Dynamo bytecode transform time|"
                           r"Using cache directory: .*torch_compile_cache"),
@@ -336,7 +338,9 @@ def _fact(name, group=1, conv=float):
 
 
 def _r_start(st, m, t):
-    st.facts["model"] = m.group(1)
+    if m.group(1):
+        st.facts["model"] = m.group(1)
+    st.facts["model_runner"] = "v1" if m.group(1) else "v2"
     st._enter("starting", t)
 
 
