@@ -91,11 +91,11 @@ def wheel(pkg: str, version: str) -> Path:
 
 def install_check(pkg: str, version: str) -> str:
     """Whether uv can resolve ``pkg==version`` with its pinned dependencies against the package index this machine
-    uses, for a Debian 12 host (Python 3.11, manylinux_2_28): "ok", or "not installable here: " and uv's cause (vLLM
+    uses, for a Debian 12 host (Python 3.11, glibc 2.36: manylinux_2_36): "ok", or "not installable here: " and uv's cause (vLLM
     0.34.0 pins flashinfer-python==0.7.3, which the index does not have: the install stage would fail on it)."""
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or "uv"
     r = subprocess.run([uv, "pip", "compile", "-q", "--no-header", "--python-version", "3.11",
-                        "--python-platform", "x86_64-manylinux_2_28", "-"], input=f"{pkg}=={version}\n",
+                        "--python-platform", "x86_64-manylinux_2_36", "-"], input=f"{pkg}=={version}\n",
                        capture_output=True, text=True, timeout=600)
     if r.returncode == 0:
         return "ok"

@@ -12,6 +12,9 @@ from deployer.sandbox import sglang_standin, standin  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "deployer" / "venvs"
 RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (phase)",
+        "start_v2": "start (fact model_runner v2)", "eagle3_aux_v2": "drafter (phase)",
+        "eagle3_aux_cfg_v2": "drafter (phase)", "eagle3_v2": "FATAL eagle3_interface", "model_took_v2": "model_took",
+        "graphs_desc_v2": "graphs (progress)", "graphs_done_v2": "graphs_done",
         "eagle3": "FATAL eagle3_interface",
         "model_took": "model_took", "cache_dir": "compile (phase)", "dynamo": "compile (phase)",
         "compile_miss": "compile_miss (fact compile_cache)", "compile_hit": "compile_hit (fact compile_cache)",
