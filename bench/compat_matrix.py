@@ -23,6 +23,7 @@ import argparse
 import ast
 import datetime
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -91,12 +92,17 @@ def wheel(pkg: str, version: str) -> Path:
 
 def install_check(pkg: str, version: str) -> str:
     """Whether uv can resolve ``pkg==version`` with its pinned dependencies against the package index this machine
-    uses, for a Debian 12 host (Python 3.11, glibc 2.36: manylinux_2_36): "ok", or "not installable here: " and uv's cause (vLLM
-    0.34.0 pins flashinfer-python==0.7.3, which the index does not have: the install stage would fail on it)."""
+    uses, for a Debian 12 host (Python 3.11, glibc 2.36: manylinux_2_36): "ok", or "not installable here: " and
+    uv's cause (vLLM 0.34.0 pins flashinfer-python==0.7.3, which the index does not have: the install stage would
+    fail on it)."""
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or "uv"
+    # a cache of its own: a resolution against the live index refreshes the cached index pages, and the sandbox's
+    # offline installs resolve from the shared cache's pages - a newer sentry-sdk listed there, its wheel not
+    # cached, failed every sandbox install of the suite run that shared the machine with this bench (2026-12-04)
+    env = dict(os.environ, UV_CACHE_DIR=str(CACHE / "uv-bench"))
     r = subprocess.run([uv, "pip", "compile", "-q", "--no-header", "--python-version", "3.11",
                         "--python-platform", "x86_64-manylinux_2_36", "-"], input=f"{pkg}=={version}\n",
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=env)
     if r.returncode == 0:
         return "ok"
     cause = [ln.strip() for ln in r.stderr.splitlines() if ln.strip().startswith("cause:")] or r.stderr.splitlines()
