@@ -57,6 +57,10 @@ WORDINGS = {
     "API server 0 on": "Starting vLLM API server",
     "prefetch bar": "Prefetching checkpoint files",
     "multi-thread bar": "Multi-thread loading shards",
+    # Model Runner V2 (v1/worker/gpu/; the only runner of 0.34): its start line and the EAGLE-3 aux-layers line
+    # that opens the drafter phase
+    "MRv2 start": "Loading model from scratch",
+    "MRv2 aux layers": "Using Eagle3 auxiliary layers from",
 }
 
 
@@ -256,7 +260,9 @@ def table(rows: list[dict], commit: str, today: str = "") -> str:
            "stand-in reading that release's lines, the watcher and the smoke. CI runs them on vLLM 0.16.0 and 0.18.0 "
            "and SGLang 0.5.23, and on vLLM 0.33.0 the stand-in's lines and the verifier's imports (0.33.0 was deployed "
            "in the sandbox by hand on 2026-12-01: `deployer up --sandbox -e deployer_vllm_version=0.33.0`, its own "
-           "checks passed, it loaded, served and was released); vLLM 0.20.0 and 0.25.1 ran on a real H200 "
+           "checks passed, it loaded, served and was released); on vLLM 0.34.0 (Model Runner V2 only) CI runs the "
+           "patch engine and the stand-in on its wheel's own source, but it cannot be installed here (see installs); "
+           "vLLM 0.20.0 and 0.25.1 ran on a real H200 "
            "(docs/real-engine.md). `deployer versions` reads the same rows (`deployer/data/compatibility.json`) "
            "with that evidence and says what each release gives on given GPUs.\n",
            "## vLLM\n",
