@@ -164,3 +164,43 @@ def test_secrets_reach_the_playbook_as_given(tmp_path):
     res = runner.run(str(pb), "localhost,", {"ansible_connection": "local", "deployer_api_key": "0777",
                                              "deployer_hf_token": "hf_{{x}}"})
     assert res.exit_code() == runner.Exit.OK, res
+
+
+def test_the_playbooks_workers_die_with_the_deployer_too(tmp_path):
+    """ansible-core's workers call setsid() (WorkerProcess._detach) and a death signal is not inherited across a
+    fork: a SIGKILLed deployer took its ansible-playbook with it, but the worker running the current task lived on
+    (found: a worker of a killed run still running its 25 s task a minute later), acting on the host while the
+    next `up` took the dead run's lock over as stale.  The deployer_events callback binds each worker to the
+    playbook (os.register_at_fork): the playbook dies with the deployer, its workers with the playbook."""
+    marker = tmp_path / "started"
+    pb = tmp_path / "slow-workers.yml"
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                  "    - ansible.builtin.command: sh -c 'touch {{ marker }}; exec sleep 60'\n")
+    p = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(ROOT), str(pb), str(marker)])
+
+    def ours():
+        found = []
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"ansible-playbook") for a in argv[:2]) and str(pb).encode() in argv and alive(d):
+                found.append(int(d))
+        return found
+    for _ in range(300):
+        if marker.exists() and len(ours()) >= 2:      # the playbook and the worker running its task
+            break
+        time.sleep(0.1)
+    assert len(ours()) >= 2, ours()
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    for _ in range(50):
+        if not ours():
+            break
+        time.sleep(0.1)
+    left = ours()
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} ansible-playbook process(es) outlived the deployer"

@@ -13,6 +13,9 @@ description:
     stream, decoded, written to a file and read back (~1.5 CPU seconds of a deploy, docs/benchmarks.md).
   - Inert unless C(DEPLOYER_EVENTS_FD) names an open file descriptor, so plain C(ansible-playbook) loads it and
     writes nothing.
+  - When active, also binds each of the playbook's workers to the playbook (C(PR_SET_PDEATHSIG) after every
+    fork). ansible-core's workers call C(setsid()) and a death signal is not inherited across a fork, so a worker
+    outlived a killed deployer (whose playbook dies with it) and went on acting on the host.
   - The event shapes are ansible-runner's (C(event), C(event_data) with C(host), C(task), C(role), C(res) ...);
     C(res) is what ansible-core gives callbacks, so a C(no_log) result arrives censored, and is censored again
     here should it ever carry C(_ansible_no_log) uncensored.
@@ -21,6 +24,7 @@ description:
 import datetime
 import json
 import os
+import signal
 
 from ansible.plugins.callback import CallbackBase
 
@@ -29,6 +33,30 @@ CENSORED = "the output has been hidden due to the fact that 'no_log: true' was s
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def _bind_workers() -> None:
+    """Every process the playbook forks from now on (its workers) gets SIGKILL when its parent dies, and exits at
+    once if its parent is already gone.  The playbook itself dies with the deployer (runner.spawn_bound), so
+    no worker outlives a killed deployer: ansible-core's workers call setsid(), so a stop's kill of the playbook's
+    process group missed them too, and a death signal is cleared in the child of a fork."""
+    if not hasattr(os, "register_at_fork"):
+        return
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    forking = {"pid": os.getpid()}
+
+    def note() -> None:            # in the process about to fork: the child's parent
+        forking["pid"] = os.getpid()
+
+    def bind() -> None:            # in the child (a worker, or anything a worker forks: it dies with the worker)
+        prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+        if os.getppid() != forking["pid"]:
+            os._exit(137)          # its parent died before the line above took effect
+    os.register_at_fork(before=note, after_in_child=bind)
 
 
 def _censored(res: dict) -> dict:
@@ -52,6 +80,8 @@ class CallbackModule(CallbackBase):
                 self._out = os.fdopen(int(fd), "w", encoding="utf-8", closefd=False)
             except OSError:
                 self._out = None
+            else:
+                _bind_workers()
         self._started: dict = {}
 
     def _emit(self, event: str, data: dict) -> None:
