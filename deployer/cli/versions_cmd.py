@@ -60,7 +60,9 @@ def versions(engine: Annotated[str, typer.Option("--engine", help="vllm, sglang 
             if r["outcome"] in ("refused", "unmeasured"):
                 w(f"      {r['why']}\n")
             for n in r["notes"]:            # said where it starts to apply (rows go oldest first)
-                if n not in before:
+                if n.startswith("not installable here"):      # this release's own pins, not a change from here on
+                    w(f"      {n}\n")
+                elif n not in before:
                     w(f"      from here on: {n}\n")
             before = r["notes"]
         d, rec = rep["default"].get(eng), rep["recommended"].get(eng)
