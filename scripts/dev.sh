@@ -92,11 +92,11 @@ case "${1:-}" in
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
     apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible; precompile_uv_cache
-    # four workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py); most of a
-    # sandbox test waits on loads and SSH: at three the two cores were ~1.7 busy on average (session 18: 560 tests
-    # in 1552 s at three workers); --durations says where the time goes;
+    # three workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py); most of a
+    # sandbox test waits on loads and SSH, so three fit two cores (four were slower: session 18, 1640 s against
+    # 1552 s, every module longer on the shared cores); --durations says where the time goes;
     # --no-loadscope-reorder: modules in tests/conftest.py's HEAVY_FIRST order, not by their number of tests
     export DEPLOYER_TEST_STRICT=1          # tests/helpers.py: what this set-up prepares must be there, never skipped
-    exec "$VENV/bin/python" -m pytest -q -ra --durations=25 -n "${DEPLOYER_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "${@:2}" ;;
+    exec "$VENV/bin/python" -m pytest -q -ra --durations=25 -n "${DEPLOYER_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "${@:2}" ;;
   *) echo "usage: $0 setup|demo|test [pytest args]"; exit 2 ;;
 esac

@@ -33,14 +33,14 @@ def pytest_configure(config):
 # when told not to reorder (scripts/dev.sh passes --no-loadscope-reorder: by default it sorts modules by their
 # number of tests, so the unit modules' hundreds of parametrised cases went first and this order was ignored).
 # First the two modules whose cold deploys are their point (one makes the run's seed, sandbox_helpers.SEED) and,
-# beside them, the three that need no sandbox, so that seeded modules start late enough to find a seed; then the rest by
-# their summed wall seconds in the last full run (session 18, three workers: faults_load 672, sglang 357, releases
-# 315, faults_smoke 301, fleet 260, controller_killed 245, many_hosts 245, engine_versions 216, watch 204, become 135,
-# reboot 132 s); modules not listed follow.
-HEAVY_FIRST = ("test_real_host.py", "test_sandbox.py", "test_real_venv.py", "test_lint.py", "test_patch_engine.py",
-               "test_faults_load.py", "test_sglang.py", "test_releases.py", "test_faults_smoke.py", "test_fleet.py",
-               "test_controller_killed.py", "test_many_hosts.py", "test_engine_versions.py", "test_watch.py",
-               "test_become.py", "test_reboot.py")
+# beside them, the two that need no sandbox, so no seeded module starts before a seed exists; then the rest by
+# their summed --durations in the last full run (session 13, cold caches: faults_load 1366, releases 1003,
+# controller_killed 839, sglang 802, faults_smoke 625, fleet 566, many_hosts 447, watch 396, reboot 313,
+# engine_versions 226, become 143 s); modules not listed follow.
+HEAVY_FIRST = ("test_real_host.py", "test_sandbox.py", "test_real_venv.py", "test_lint.py",
+               "test_faults_load.py", "test_releases.py", "test_controller_killed.py", "test_sglang.py",
+               "test_faults_smoke.py", "test_fleet.py", "test_many_hosts.py", "test_watch.py", "test_reboot.py",
+               "test_engine_versions.py", "test_become.py", "test_patch_engine.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
