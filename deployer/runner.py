@@ -17,7 +17,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Callable
 
-from deployer import tools
+from deployer import pdeathsig, tools
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = ROOT / "playbooks"
@@ -328,22 +328,10 @@ def spawn_bound(argv: list[str], env: dict, pass_fds: tuple = ()):
     """Start ``argv`` in a session of its own (a stop kills its whole group), its stdout and stderr one pipe,
     killed by the kernel when this process dies."""
     import subprocess
-    parent, prctl = os.getpid(), _prctl()
+    parent, prctl = os.getpid(), pdeathsig.prctl()
     return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            pass_fds=pass_fds, start_new_session=True, preexec_fn=lambda: _bind_to(parent, prctl))
-
-
-def _prctl():
-    import ctypes
-    return ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _bind_to(parent: int, prctl) -> None:
-    """Run in the child between fork and exec (``preexec_fn``): nothing imported there (another thread, e.g. the
-    progress display's, may have held the import lock at the fork)."""
-    prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(137)   # the deployer died before the line above took effect: never run unwatched
+                            pass_fds=pass_fds, start_new_session=True,
+                            preexec_fn=lambda: pdeathsig.bind_to(parent, prctl))
 
 
 class _StopOnSignal:

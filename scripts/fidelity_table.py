@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deployer.sandbox import sglang_standin, standin  # noqa: E402
+from deployer.sandbox import sglang_standin, standin, standin_base  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "deployer" / "venvs"
 RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (phase)",
@@ -43,7 +43,7 @@ def sglang(versions):
     print("|---|---|" + "---|" * len(versions) + "---|")
     srcs = []
     for v in versions:
-        s = standin.VllmSource("sglang", sglang_standin.MESSAGES, sglang_standin.FALLBACK)
+        s = standin_base.EngineSource("sglang", sglang_standin.MESSAGES, sglang_standin.FALLBACK)
         s.root = str(CACHE / f"sglang-{v}" / "lib" / "python3.11" / "site-packages" / "sglang")
         srcs.append(s)
     for key, (rel, _a) in sglang_standin.MESSAGES.items():

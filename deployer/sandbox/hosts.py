@@ -1,5 +1,8 @@
 """Sandbox hosts: real sshd + real systemd on this machine, with a simulated GPU box inside.
 
+This module runs the machines (prepare, boot, reboot, stop, pre-baked seeds, ssh into them); common.py says where a
+sandbox lives, inventory.py writes the controller's client files, checkpoints.py the simulated model and drafter.
+
 Each host is a ``systemd-nspawn --boot`` container (systemd is PID 1, so unit files,
 ``systemctl`` and ``journalctl`` are the real ones) in its own network namespace on
 the bridge ``dpsbx0`` (10.77.0.1/24, host N at 10.77.0.(10+N), no route anywhere
@@ -27,40 +30,38 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from deployer import tools
-
-# Independent sandboxes side by side (parallel test modules): DEPLOYER_SANDBOX_SLOT=N gives its own bridge,
-# subnet, namespaces, state directory and SSH control sockets.  Slot 0 is the default.
-SLOT = int(os.environ.get("DEPLOYER_SANDBOX_SLOT", "0") or 0)
-BRIDGE = f"dpsbx{SLOT}"
-NET = f"10.{77 + SLOT}.0"
-STATE = Path(os.environ.get("DEPLOYER_SANDBOX_DIR") or
-             ("/var/lib/deployer-sandbox" + (f"-{SLOT}" if SLOT else "")))
-HERE = Path(__file__).resolve().parent
-# The controller's checkout, visible read-only at the same path inside sandbox hosts (wherever it lives,
-# /tmp included) so a test can run the controller side on a host that boots systemd (schedule timers).
-# Deploys never use it: Ansible ships what a host needs.
-REPO = HERE.parent.parent
-MODEL_DIR = "/srv/models/Kimi-K2.5"
-KNOBS_DIR = "/etc/deployer-sandbox"
-STANDIN_SEED = "/var/lib/deployer-sandbox/standin-seed"   # the seed's stand-in answers (root's, read-only to it)
-# the stand-in's answer files (standin.py names them so): the only names saved, and restored into a tmpfiles.d line
-STANDIN_ANSWER = re.compile(r"eagle3-[0-9a-f]{16}\.json")
-STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"
-DEPLOY_ROOT = "/opt/deployer"
-APT_PACKAGES = ("openssh-server", "openssh-client", "rsync", "systemd-container", "iproute2", "sudo")
-# A "sudo host" (`deployer sandbox start --sudo`) refuses root over SSH, as many production hosts do: the deployer
-# logs in as this user and becomes root with sudo (Ansible become).
-SUDO_USER, SUDO_UID = "deploy", 4242
+from deployer.sandbox.checkpoints import write_model_dir
+from deployer.sandbox.common import (
+    APT_PACKAGES,
+    BRIDGE,
+    DEPLOY_ROOT,
+    HERE,
+    KNOBS_DIR,
+    MODEL_DIR,
+    NET,
+    REPO,
+    SLOT,
+    STANDIN_ANSWER,
+    STANDIN_SEED,
+    STATE,
+    SUDO_UID,
+    SUDO_USER,
+    Host,
+    SandboxError,
+    host,
+    hosts_on_disk,
+    is_sudo,
+)
+from deployer.sandbox.common import run as _run
+from deployer.sandbox.inventory import controller_key, write_client_files
 
 SSHD_CONFIG = """\
 Port 22
@@ -78,177 +79,10 @@ AcceptEnv LANG LC_*
 """
 
 
-class SandboxError(RuntimeError):
-    pass
-
-
-@dataclass
-class Host:
-    name: str
-    ip: str
-
-    @property
-    def dir(self) -> Path:
-        return STATE / self.name
-
-
-def _run(prog, *args, check=True, **kw):
-    """Run a system program found by ``tools.system`` (never the caller's PATH)."""
-    exe = prog if os.path.isabs(str(prog)) else tools.system(prog)
-    return subprocess.run([exe, *(str(a) for a in args)], check=check, text=True, capture_output=True, **kw)
-
-
-def host(i: int) -> Host:
-    return Host(f"sbx{i}", f"{NET}.{10 + i}")
-
-
 def uv_cache_dir() -> Path:
     """The controller's uv cache (what ``scripts/dev.sh`` filled), from the uv the deployer ships with."""
     out = _run(tools.uv(), "cache", "dir", check=False)
     return Path(out.stdout.strip() or Path.home() / ".cache" / "uv")
-
-
-def controller_key() -> Path:
-    key = STATE / "id_ed25519"
-    if not key.exists():
-        STATE.mkdir(parents=True, exist_ok=True)
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "deployer-sandbox", "-f", key)
-    return key
-
-
-def api_key() -> str:
-    """The sandbox servers' API key (made once, 0600): a sandbox host serves its bridge address, and the
-    deployer refuses a non-loopback server without a key (deployer_allow_unauthenticated)."""
-    path = STATE / "api_key"
-    if not path.exists():
-        import secrets
-        STATE.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("sbx-" + secrets.token_urlsafe(24))
-    return path.read_text().strip()
-
-
-# ------------------------------------------------------------------ the simulated GPU box
-def kimi_config(num_layers: int = 61) -> dict:
-    """A Kimi-K2.5-shaped config.json (vLLM's KimiK25Config reads text_config as DeepseekV3Config)."""
-    return {
-        "architectures": ["KimiK25ForConditionalGeneration"],
-        "model_type": "kimi_k25",
-        "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
-                     "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
-        "bos_token_id": 163584, "eos_token_id": 163585, "pad_token_id": 163839,
-        "media_placeholder_token_id": 163605,
-        "text_config": {
-            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-            "num_hidden_layers": num_layers, "hidden_size": 7168, "intermediate_size": 18432,
-            "moe_intermediate_size": 2048, "n_routed_experts": 384, "num_experts_per_tok": 8,
-            "n_shared_experts": 1, "first_k_dense_replace": 1, "num_attention_heads": 64,
-            "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
-            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-            "vocab_size": 163840, "max_position_embeddings": 262144, "rms_norm_eps": 1e-5,
-            "rope_theta": 50000.0, "torch_dtype": "bfloat16",
-            "bos_token_id": 163584, "eos_token_id": 163585,
-        },
-        "vision_config": {"patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
-                          "num_attention_heads": 16, "num_hidden_layers": 27, "hidden_size": 1152,
-                          "intermediate_size": 4304, "merge_kernel_size": [2, 2]},
-        "torch_dtype": "bfloat16",
-    }
-
-
-def drafter_config() -> dict:
-    """Shape of AQ-MedAI/Kimi-K25-eagle3 (LlamaForCausalLMEagle3)."""
-    return {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 1,
-        "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 128,
-        "vocab_size": 163840, "draft_vocab_size": 32000, "max_position_embeddings": 262144,
-        "rope_theta": 1000000.0, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": True},
-    }
-
-
-def safetensors_bytes(tensors: dict) -> bytes:
-    """A safetensors file (8-byte little-endian header length, JSON header, the tensors' bytes): name -> (dtype,
-    shape, data).  The format: https://github.com/huggingface/safetensors#format"""
-    header, data = {}, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)     # the header is padded with spaces to 8 bytes, as the library writes it
-    return len(h).to_bytes(8, "little") + h + data
-
-
-def write_model_dir(root: Path, shards: int = 64) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(kimi_config(), indent=2))
-    # SANDBOX: the real checkpoint ships Moonshot's configuration_kimi_k25.py (config.json's auto_map names it;
-    # SGLang loads it with --trust-remote-code).  This one re-exports the serving engine's own copy of the class.
-    (root / "configuration_kimi_k25.py").write_text(
-        "# SANDBOX stand-in for the checkpoint's own file: the installed engine's KimiK25Config.\n"
-        "try:\n    from sglang.srt.configs.kimi_k25 import KimiK25Config  # noqa: F401\n"
-        "except ImportError:\n    from vllm.transformers_utils.configs.kimi_k25 import KimiK25Config  # noqa: F401\n")
-    names = [f"model-{i:05d}-of-{shards:06d}.safetensors" for i in range(1, shards + 1)]
-    weight_map = {f"language_model.model.layers.{i}.mlp.experts.weight": n for i, n in enumerate(names)}
-    (root / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": shards * 16}, "weight_map": weight_map}, indent=2))
-    for w, n in weight_map.items():   # stand-ins for ~9.8 GB shards: real safetensors files, one 16-byte tensor each
-        (root / n).write_bytes(safetensors_bytes({w: ("BF16", [8], b"\0" * 16)}))
-    (root / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 262144}))
-
-
-def drafter_tensors(cfg: dict | None = None, fc_in: int | None = None) -> dict:
-    """The tensors of AQ-MedAI/Kimi-K25-eagle3 (LlamaForCausalLMEagle3): names and shapes as the checkpoint has
-    them, so that the drafter check reads what it would read on a real host."""
-    c = cfg or drafter_config()
-    h, heads, kv, hd, inter = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], \
-        c["intermediate_size"]
-    return {"fc.weight": ("BF16", [h, fc_in or 3 * h]), "d2t": ("I64", [c["draft_vocab_size"]]),
-            "t2d": ("BOOL", [c["vocab_size"]]), "lm_head.weight": ("BF16", [c["draft_vocab_size"], h]),
-            "norm.weight": ("BF16", [h]), "midlayer.input_layernorm.weight": ("BF16", [h]),
-            "midlayer.hidden_norm.weight": ("BF16", [h]),
-            "midlayer.self_attn.q_proj.weight": ("BF16", [heads * hd, 2 * h]),
-            "midlayer.self_attn.k_proj.weight": ("BF16", [kv * hd, 2 * h]),
-            "midlayer.self_attn.v_proj.weight": ("BF16", [kv * hd, 2 * h]),
-            "midlayer.self_attn.o_proj.weight": ("BF16", [h, heads * hd]),
-            "midlayer.post_attention_layernorm.weight": ("BF16", [h]),
-            "midlayer.mlp.gate_proj.weight": ("BF16", [inter, h]), "midlayer.mlp.up_proj.weight": ("BF16", [inter, h]),
-            "midlayer.mlp.down_proj.weight": ("BF16", [h, inter])}
-
-
-def drafter_weights_bytes(tensors: dict, data_bytes: int = 1 << 20) -> bytes:
-    """SANDBOX: a safetensors file whose header is the real checkpoint's (names, dtypes, shapes, offsets), followed
-    by ``data_bytes`` of random data instead of ~6 GB: the drafter check reads only the header; nothing loads it."""
-    size = {"BF16": 2, "I64": 8, "BOOL": 1}
-    header, off = {}, 0
-    for name, (dtype, shape) in tensors.items():
-        n = size[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
-        off += n
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    return len(h).to_bytes(8, "little") + h + os.urandom(data_bytes)
-
-
-def write_drafter_dir(root: Path, fc_in: int | None = None) -> Path:
-    """The drafter checkpoint on the *controller* (the operator's machine), shipped by the drafter role: its real
-    config and a header-true safetensors file (``fc_in``: another fc input size, for a drafter that does not fit)."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(drafter_config(), indent=2))
-    weights = root / "model.safetensors"
-    want = drafter_tensors(fc_in=fc_in)
-    try:
-        from deployer.drafter_fit import safetensors_shapes
-        current = safetensors_shapes(weights)
-    except (OSError, ValueError):
-        current = None
-    if current != {k: v[1] for k, v in want.items()}:   # kept when it is already this one (its hash is cached)
-        weights.write_bytes(drafter_weights_bytes(want))
-    return root
 
 
 # ------------------------------------------------------------------ lifecycle
@@ -300,6 +134,7 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache
     lib = mk("usr/local/lib/deployer-sandbox")
     shutil.copy(HERE / "standin.py", lib / "vllm_standin.py")
     shutil.copy(HERE / "sglang_standin.py", lib / "sglang_standin.py")   # plays SGLang (backend sglang)
+    shutil.copy(HERE / "standin_base.py", lib / "standin_base.py")       # what both share
     # the stand-in's own bookkeeping (argv.json, ready/died marks): it runs as the unprivileged service
     # user under ProtectSystem=strict, so the directory is made at boot and allowed in the inventory
     tmpfiles = mk("etc/tmpfiles.d")
@@ -480,75 +315,6 @@ def wait_ssh(h: Host, timeout: float = 60.0) -> None:
         time.sleep(0.3)
     raise SandboxError(f"{h.name} ({h.ip}) did not answer ssh within {timeout:.0f} s; "
                        f"console: {(h.dir / 'console.log').read_text()[-2000:]}")
-
-
-def write_client_files(hosts: list[Host]) -> None:
-    """known_hosts (pinned host keys), ssh_config, inventory and ansible.cfg for the sandbox."""
-    key = controller_key()
-    kh, sc = [], []
-    for h in hosts:
-        pub = (h.dir / "ssh_host_ed25519_key.pub").read_text().split()
-        kh.append(f"{h.name},{h.ip} {pub[0]} {pub[1]}")
-        sc.append(f"Host {h.name}\n  HostName {h.ip}\n  User {SUDO_USER if is_sudo(h) else 'root'}\n"
-                  f"  IdentityFile {key}\n  IdentitiesOnly yes\n"
-                  f"  UserKnownHostsFile {STATE}/known_hosts\n  HostKeyAlias {h.name}\n  StrictHostKeyChecking yes\n"
-                  f"  ControlMaster auto\n  ControlPath {STATE}/cp-%r@%h:%p\n  ControlPersist 60s\n")
-    (STATE / "known_hosts").write_text("\n".join(kh) + "\n")
-    (STATE / "ssh_config").write_text("\n".join(sc))
-    import yaml
-    hostvars = {h.name: dict({"ansible_host": h.ip}, **({"ansible_user": SUDO_USER, "ansible_become": True}
-                                                        if is_sudo(h) else {}))
-                for h in hosts if not is_balancer(h)}
-    lbs = {h.name: {"ansible_host": h.ip} for h in hosts if is_balancer(h)}
-    inv = {"all": {"vars": {
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(key),
-        "ansible_python_interpreter": "/usr/bin/python3",
-        # this sandbox's own SSH control sockets: stopping one sandbox never cuts another's connections
-        "ansible_control_path_dir": str(STATE / "cp-ansible"),
-        # known_hosts names each host by name and address: no HostKeyAlias, so that a task delegated to the
-        # balancer checks the balancer's key, not the delegating host's
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={STATE}/known_hosts -o StrictHostKeyChecking=yes",
-    }, "children": {"gpu": {"hosts": hostvars, "vars": {
-        # SANDBOX: the engine is the vLLM stand-in, run by the release venv's python so that it can
-        # ask the real, installed vLLM for supports_eagle3(); packages come from the pre-seeded uv cache.
-        "deployer_sandbox": True,
-        "deployer_launcher": ["{python}", STANDIN_PATH],
-        "install_offline": True,
-        "deployer_drafter_src_dir": str(STATE / "drafter"),
-        "deployer_model_dir": MODEL_DIR,
-        "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),
-        "deployer_writable_paths": ["-/run/deployer-standin"],
-    }}}}}
-    if lbs:   # SANDBOX: HAProxy from the controller's own package (the hosts share its file system)
-        inv["all"]["children"]["balancer"] = {"hosts": lbs, "vars": {"deployer_sandbox": True}}
-    (STATE / "inventory.yml").write_text(
-        "# Written by `deployer sandbox start`.  Sandbox hosts only.\n" + yaml.safe_dump(inv, sort_keys=False))
-    write_drafter_dir(STATE / "drafter")
-    api_key()
-
-
-def hosts_on_disk() -> list[Host]:
-    if not STATE.exists():
-        return []
-    out = []
-    for d in sorted(STATE.glob("sbx*")):
-        if d.name[3:].isdigit():
-            out.append(host(int(d.name[3:])))
-    return out
-
-
-def _role(h: Host) -> str:
-    return (h.dir / "role").read_text().strip() if (h.dir / "role").exists() else ""
-
-
-def is_balancer(h: Host) -> bool:
-    return _role(h) == "balancer"
-
-
-def is_sudo(h: Host | str) -> bool:
-    """A host that refuses root over SSH (``start(sudo=True)``)."""
-    return _role(host(int(h[3:])) if isinstance(h, str) else h) == "sudo"
 
 
 def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | None = None,

@@ -4,7 +4,7 @@
 What a deployer can see of SGLang, taken from the SGLang installed in this venv where it can be
 (docs/backends.md lists each line and its file):
   * log lines in SGLang's format (``[YYYY-MM-DD HH:MM:SS TP3] message``: a ``TPn`` per rank when --tp-size > 1,
-    no file:line), each message located in the installed source by ``ast`` (standin.VllmSource with this module's
+    no file:line), each message located in the installed source by ``ast`` (standin_base.EngineSource with this module's
     MESSAGES: the constant parts of SGLang's f-strings), in the order of SGLang 0.5.23's own start-up
     (``managers/scheduler.py``, ``init_model_worker``): target weights ("Load weight begin/end" on every rank, the
     shard bar with SGLang's ``BAR_FORMAT``: ``\\r`` redraws only), the drafter's weights (every rank again), the KV
@@ -36,9 +36,9 @@ import time
 from http.server import ThreadingHTTPServer
 
 try:
-    import vllm_standin as base  # on a sandbox host (copied beside this file)
-except ImportError:                      # in the repository
-    from deployer.sandbox import standin as base
+    import standin_base as base  # on a sandbox host, or run as a script: the file beside this one
+except ImportError:  # imported from the repository
+    from deployer.sandbox import standin_base as base
 
 PID = os.getpid()
 PHASES = ("weights", "kv_cache", "graphs", "drafter", "api")
@@ -65,7 +65,7 @@ FALLBACK["eagle3"] = (" does not implement set_eagle3_layers_to_capture, which E
                       "requires.")
 FALLBACK["bar_format"] = ("{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} "
                           "[{elapsed}<{remaining}, {rate_fmt}]")
-SRC = base.VllmSource("sglang", MESSAGES, FALLBACK)
+SRC = base.EngineSource("sglang", MESSAGES, FALLBACK)
 ENGINE = {"warm": False, "tp_size": 1}
 DECODE_LOG_INTERVAL = 40        # srt/arg_groups/fields/observability.py: decode_log_interval's default
 HEALTH_CHECK_TIMEOUT = 20       # srt/entrypoints/http_server.py (SGLANG_HEALTH_CHECK_TIMEOUT)

@@ -29,33 +29,21 @@ argv word equals it, so a new release can fail while the previous one still star
 Standard library, plus the venv's own tqdm (a vLLM dependency).
 """
 import argparse
-import ast
 import hashlib
-import importlib.util
 import json
 import os
-import re
 import sys
 import threading
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-KNOBS_FILE = os.environ.get("DEPLOYER_STANDIN_KNOBS", "/etc/deployer-sandbox/standin.json")
-STATE_DIR = os.environ.get("DEPLOYER_STANDIN_STATE", "/run/deployer-standin")
+try:
+    import standin_base as base  # on a sandbox host, or run as a script: the file beside this one
+except ImportError:  # imported from the repository
+    from deployer.sandbox import standin_base as base
+
 PHASES = ("weights", "drafter", "compile", "kv_cache", "graphs", "api")
 PID = os.getpid()
-
-
-def knobs():
-    k = {"load_seconds": 4.0, "crash_phase": None, "stall_phase": None, "phase_seconds": {},
-         "acceptance_rate": 0.6, "crash_after_ready_seconds": None}
-    try:
-        with open(KNOBS_FILE) as f:
-            k.update(json.load(f))
-    except (OSError, ValueError):
-        pass
-    return k
 
 
 # ------------------------------------------------------------------ vLLM's own words, from its source
@@ -141,76 +129,17 @@ FALLBACK = {
     "bar_format": "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]\n",
     "shards_desc": "Loading safetensors checkpoint shards",
 }
-_PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdifrx]")
 
 
-class VllmSource(object):
-    """Message text and [file:line] read from the installed engine's source with ``ast`` (no import of it).
-    ``package`` "sglang" with standin_sglang.MESSAGES reads SGLang's (f-strings: their constant parts)."""
+class VllmSource(base.EngineSource):
+    """vLLM's messages (MESSAGES), with the argument quirks of its releases."""
 
-    def __init__(self, package="vllm", messages=None, fallback=None):
-        try:
-            spec = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            spec = None
-        self.root = os.path.dirname(spec.origin) if spec and spec.origin else None
-        self.messages, self.fallback = messages or MESSAGES, fallback or FALLBACK
-        self.cache, self.parsed = {}, {}
-
-    def _constants(self, rel):
-        """(text, line of the call that holds it) of every string constant in vllm/<rel>; each file is parsed
-        once per start (several messages live in gpu_model_runner.py, ~6,000 lines)."""
-        if rel in self.parsed:
-            return self.parsed[rel]
-        self.parsed[rel] = []
-        try:
-            with open(os.path.join(self.root, rel)) as f:
-                tree = ast.parse(f.read())
-        except (OSError, SyntaxError):
-            return []
-        parents = {}
-        for node in ast.walk(tree):
-            for child in ast.iter_child_nodes(node):
-                parents[child] = node
-        out = []
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                up = parents.get(node)
-                while up is not None and not isinstance(up, ast.Call) and not isinstance(up, ast.stmt):
-                    up = parents.get(up)
-                out.append((node.value, up.lineno if isinstance(up, ast.Call) else node.lineno))
-        self.parsed[rel] = out
-        return out
-
-    def find(self, key):
-        """(text, 'file.py', line) for a MESSAGES key: the anchors in their order, each tried in every file named
-        (a message that moved between releases), the first line holding it; vLLM 0.16.0's text with line 0 when
-        no vLLM is installed, or when this one has no such message (``has``)."""
-        if key in self.cache:
-            return self.cache[key]
-        rels, anchors = self.messages[key]
-        rels = (rels,) if isinstance(rels, str) else tuple(rels)
-        found = None
-        if self.root:
-            consts = [(rel, self._constants(rel)) for rel in rels]
-            for a in anchors:
-                hits = [(line, text, rel) for rel, cs in consts for text, line in cs if a in text]
-                if hits:
-                    line, text, rel = min(hits)
-                    found = (text, os.path.basename(rel), line)
-                    break
-        if found is None:
-            found = (self.fallback[key], os.path.basename(rels[0]), 0)
-        self.cache[key] = found
-        return found
-
-    def has(self, key):
-        """Does this vLLM print that message (always, when no vLLM is installed)?"""
-        return not self.root or self.find(key)[2] > 0
+    def __init__(self):
+        super().__init__("vllm", MESSAGES, FALLBACK)
 
     def text(self, key, *args):
         fmt = self.find(key)[0]
-        n = len(_PLACEHOLDER.findall(fmt))
+        n = len(base.PLACEHOLDER.findall(fmt))
         if key == "api" and n == 1:      # 0.18+: "Starting vLLM server on %s" (no server index)
             args = args[1:]
         if fmt.startswith("%s") and n == len(args) + 1:
@@ -306,15 +235,6 @@ def bar(desc, total, seconds, bar_format=None, stop_at=None):
         out.flush()
 
 
-def mark(name):
-    """Rehearsal bookkeeping for the benchmarks: when did the stand-in die / become ready."""
-    try:
-        with open(os.path.join(STATE_DIR, name), "w") as f:
-            f.write("%.6f\n" % time.time())
-    except OSError:
-        pass
-
-
 def die(exc_type, message, where="vllm/v1/worker/gpu_model_runner.py", func="load_model"):
     """How a failed engine start reads: EngineCore's exception log, the traceback ending in the root
     cause, then the API server's own RuntimeError."""
@@ -327,20 +247,8 @@ def die(exc_type, message, where="vllm/v1/worker/gpu_model_runner.py", func="loa
     api = stream("APIServer")
     api.write("RuntimeError: %s{}\n" % SRC.text("init_failed"))
     api.flush()
-    mark("died_at")
+    base.mark("died_at")
     sys.exit(1)
-
-
-CRASHES = {
-    "weights": ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
-                "capacity of 95.59 GiB of which 1.02 GiB is free."),
-    "drafter": ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 896.00 MiB."),
-    "compile": ("torch._dynamo.exc.BackendCompilerFailed", "backend='inductor' raised: RuntimeError"),
-    "kv_cache": ("ValueError", "No available memory for the cache blocks. Try increasing "
-                 "`gpu_memory_utilization` when initializing the engine."),
-    "graphs": ("RuntimeError", "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
-    "api": ("RuntimeError", "NCCL error: remote process exited or there was a network error"),
-}
 
 
 def _supports_eagle3_cached():
@@ -361,7 +269,7 @@ def _supports_eagle3_cached():
             key.append("%s:%d:%d" % (f, st.st_size, st.st_mtime_ns))
         except OSError:
             key.append(f + ":-")
-    path = os.path.join(STATE_DIR, "eagle3-%s.json" % hashlib.sha256("|".join(key).encode()).hexdigest()[:16])
+    path = os.path.join(base.STATE_DIR, "eagle3-%s.json" % hashlib.sha256("|".join(key).encode()).hexdigest()[:16])
     try:
         with open(path) as fh:
             got = json.load(fh)
@@ -459,44 +367,10 @@ class Metrics(object):
 
 
 ENGINE = {"dead": False, "hung": False}   # set by the *_after_ready_seconds knobs
-FAILURE_KNOBS = ("crash_phase", "stall_phase", "crash_after_ready_seconds", "unhealthy_after_ready_seconds",
-                 "hang_after_ready_seconds", "chat_status", "empty_reply", "no_drafts", "fatal_line_phase")
-
-
-class ApiHandler(BaseHTTPRequestHandler):
-    """What both stand-ins' HTTP servers share (this one and sglang_standin's): uvicorn's server header, a JSON
-    reply, and the Bearer API key check (401 as both engines answer it)."""
-    server_version = "uvicorn"
-    sys_version = ""
-    api_key = ""
-
-    def log_request(self, code="-", size="-"):
-        """uvicorn's access line: ``127.0.0.1:54321 - "GET /health HTTP/1.1" 200 OK`` (after the logger's prefix)."""
-        try:
-            phrase = " " + HTTPStatus(int(code)).phrase
-        except ValueError:
-            phrase = ""
-        self.log_message('%s:%s - "%s" %s%s', self.client_address[0], self.client_address[1], self.requestline,
-                         code, phrase)
-
-    def _send(self, code, body=b"", ctype="application/json"):
-        self.send_response(code)
-        self.send_header("content-type", ctype)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _authorized(self):
-        if not self.api_key or self.headers.get("Authorization", "") == "Bearer " + self.api_key:
-            return True
-        self._send(401, json.dumps({"error": "Unauthorized"}).encode())
-        return False
-
-
 def make_handler(args, metrics, api_key, started, k=None):
     k = k or {}
 
-    class H(ApiHandler):
+    class H(base.ApiHandler):
         def log_message(self, fmt, *a):
             out = stream("APIServer")
             out.write("INFO:     %s\n" % (fmt % a))
@@ -576,9 +450,10 @@ def make_handler(args, metrics, api_key, started, k=None):
 
 def main(argv):
     if "--model-path" in argv:   # `sglang serve --model-path ...`: the stand-in plays SGLang
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        sys.modules.setdefault("vllm_standin", sys.modules[__name__])   # its shared parts: this module
-        import sglang_standin
+        try:
+            import sglang_standin  # beside this file (a sandbox host, or run as a script)
+        except ImportError:
+            from deployer.sandbox import sglang_standin
         return sglang_standin.main(argv)
     p = argparse.ArgumentParser(prog="vllm")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -593,12 +468,12 @@ def main(argv):
     s.add_argument("--trust-remote-code", action="store_true")
     s.add_argument("--speculative-config", type=json.loads)
     args, unknown = p.parse_known_args(argv)
-    k = knobs()
+    k = base.knobs()
     if k.get("only_if_arg") is not None and k["only_if_arg"] not in argv:
-        for knob in FAILURE_KNOBS:
+        for knob in base.FAILURE_KNOBS:
             k.pop(knob, None)
-    os.makedirs(STATE_DIR, exist_ok=True)
-    with open(os.path.join(STATE_DIR, "argv.json"), "w") as f:
+    os.makedirs(base.STATE_DIR, exist_ok=True)
+    with open(os.path.join(base.STATE_DIR, "argv.json"), "w") as f:
         json.dump({"argv": argv, "pid": PID, "started": time.time()}, f)
     log(None, raw="vLLM API server version (sandbox stand-in)", who="APIServer", where="standin.py")
     log(None, raw="non-default args: %s" % json.dumps({"model_tag": args.model_tag, "unknown": unknown,
@@ -626,7 +501,7 @@ def main(argv):
             if name == "weights":  # real vLLM dies part-way through the shard bar
                 bar(shards_desc, shards, min(ps[name], 1.0), bar_format, stop_at=shards // 4)
             time.sleep(min(ps[name], 1.0))
-            exc, msg = CRASHES[name]
+            exc, msg = base.CRASHES[name]
             die(exc, msg)
 
     cfg_path = os.path.join(args.model_tag, "config.json")
@@ -723,7 +598,7 @@ def main(argv):
     api = stream("APIServer")
     api.write("INFO:     Application startup complete.\n")   # uvicorn's own line
     api.flush()
-    mark("ready_at")
+    base.mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
         def die_while_serving():
             # a worker dies while serving (an Xid, a segfault): vLLM's two monitor lines, then the exit

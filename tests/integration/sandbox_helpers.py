@@ -24,8 +24,8 @@ def auth():
     """curl's Authorization header for the sandbox servers (they serve their bridge address: keyed)."""
     import shlex
 
-    from deployer.sandbox import hosts as sb
-    return "-H " + shlex.quote("Authorization: Bearer " + sb.api_key())
+    from deployer.sandbox.inventory import api_key
+    return "-H " + shlex.quote("Authorization: Bearer " + api_key())
 
 needs_sandbox = pytest.mark.skipif(not STRICT and (os.geteuid() != 0 or not shutil.which("systemd-nspawn")),
                                    reason="sandbox tests need root and systemd-nspawn (scripts/dev.sh installs it)")

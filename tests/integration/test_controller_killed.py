@@ -190,11 +190,12 @@ def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_jo
     its manifest, an unverified launch) is used as it is; the end state is exactly a clean deploy's."""
     import shutil
 
+    from deployer.sandbox import checkpoints
     from deployer.sandbox import hosts as sb
     src = tmp_path / "drafter"
     shutil.copytree(sb.STATE / "drafter", src)
     # a new drafter (header-true: the drafter check reads it)
-    (src / "model.safetensors").write_bytes(sb.drafter_weights_bytes(sb.drafter_tensors(), 1 << 20))
+    (src / "model.safetensors").write_bytes(checkpoints.drafter_weights_bytes(checkpoints.drafter_tensors(), 1 << 20))
     args = ["-e", f"deployer_drafter_src_dir={src}", "-e", "deployer_gpu_memory_utilization=0.874"]
     stages = [("drafter", "Ensure the staging directory exists", None), ("render", "Write the release", None),
               ("verify", "Ship the verifier", "pgrep -f '[v]llm_verify' || true"),     # vLLM's own checks running

@@ -131,11 +131,13 @@ def test_04b_a_disk_that_fills_up_during_the_drafter_copy_gets_its_space_back(tm
     back) and touches nothing the live release uses."""
     import shutil
 
+    from deployer.sandbox import checkpoints
     from deployer.sandbox import hosts as sb
     src = tmp_path / "drafter"
     shutil.copytree(sb.STATE / "drafter", src)
     # another drafter (a header-true safetensors file: the drafter check reads it), not page-aligned
-    (src / "model.safetensors").write_bytes(sb.drafter_weights_bytes(sb.drafter_tensors(), (1 << 20) + 100))
+    (src / "model.safetensors").write_bytes(
+        checkpoints.drafter_weights_bytes(checkpoints.drafter_tensors(), (1 << 20) + 100))
     need = sum(f.stat().st_size for f in src.iterdir())
     new = ["-e", f"deployer_drafter_src_dir={src}", "-e", "preflight_disk_margin_gib=0", *FAST]
     assert up(*FAST).returncode == 0
@@ -413,7 +415,7 @@ def test_10_the_service_user_cannot_make_root_chown_or_run_anything_for_it():
 def test_11_a_rollback_keeps_the_live_secrets():
     # guards (issue 20, item 8): secrets were part of each release (its env file and its id), so a rollback put a
     # rotated-away API key back in service and every kept release kept its old token on disk
-    from deployer.sandbox import hosts as sb
+    from deployer.sandbox import inventory
     old, new = "old-key-" + "7" * 12, "rotated-key-" + "3" * 12
     r = up("-e", f"deployer_api_key={old}", "-e", "deployer_max_model_len=6144", *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -437,13 +439,13 @@ def test_11_a_rollback_keeps_the_live_secrets():
                  "/etc/systemd/system 2>/dev/null || true") == ""
     # back to the sandbox's own key for the tests after this one
     r = up("-e", "deployer_max_model_len=5120", *FAST)
-    assert r.returncode == 0 and status(sb.api_key()) == "200", r.stdout + r.stderr
+    assert r.returncode == 0 and status(inventory.api_key()) == "200", r.stdout + r.stderr
 
 
 def test_12_a_drafter_that_does_not_fit_is_refused_before_the_restart(tmp_path):
     # guards (issue 21): a drafter whose fc does not take (captured layers x target hidden) inputs passed every
     # check and /health, then killed the engine on the first request: a full load, then a rollback's second one
-    from deployer.sandbox.hosts import write_drafter_dir
+    from deployer.sandbox.checkpoints import write_drafter_dir
     bad = write_drafter_dir(tmp_path / "drafter-2-layers", fc_in=2 * 7168)
     before = (main_pid(H), sh(H, "readlink /opt/deployer/current"))
     r = up("-e", f"deployer_drafter_src_dir={bad}", "-e", "deployer_max_model_len=7168")

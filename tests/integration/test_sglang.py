@@ -64,8 +64,8 @@ def test_01_sglang_serves_with_eagle3_verified_by_sglang_itself(sandbox):
         "600 root\n700 root"
     assert sh(H, f"ls /opt/deployer/releases/{m['id']}/") .count("sglang-secrets") == 0
     assert "VLLM_API_KEY" not in sh(H, "cat /opt/deployer/current/vllm.env")
-    from deployer.sandbox import hosts as sb
-    key = sb.api_key()
+    from deployer.sandbox.inventory import api_key
+    key = api_key()
     assert key not in sh(H, f"ps -eo args; journalctl -u {SVC} --no-pager")
     # the key works and is needed (the stand-in read it from the --config file systemd handed over)
     assert sh(H, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/v1/models") == "401"

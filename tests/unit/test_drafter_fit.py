@@ -4,7 +4,7 @@ engine would wire it (issue 21).  The tiny models are the real-GPU run's (docs/r
 import pytest
 
 from deployer import drafter_fit as fit
-from deployer.sandbox.hosts import drafter_config, drafter_tensors, kimi_config
+from deployer.sandbox.checkpoints import drafter_config, drafter_tensors, kimi_config
 
 TINY_TARGET = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 6, "hidden_size": 1024,
                "vocab_size": 4096}
@@ -63,7 +63,7 @@ def test_vocabulary_tensors_and_ignored_flags():
 
 
 def test_the_header_is_read_from_a_real_safetensors_file(tmp_path):
-    from deployer.sandbox.hosts import write_drafter_dir
+    from deployer.sandbox.checkpoints import write_drafter_dir
     write_drafter_dir(tmp_path / "d", fc_in=2 * 7168)
     cfg, shapes = fit.read_drafter(str(tmp_path / "d"))
     assert shapes["fc.weight"] == [7168, 14336] and cfg["draft_vocab_size"] == 32000

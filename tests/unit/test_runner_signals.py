@@ -70,13 +70,13 @@ def test_the_deployers_playbook_dies_with_it(tmp_path):
 
 
 def test_the_bound_child_runs_the_command_with_its_arguments_and_never_without_its_deployer(tmp_path):
-    from deployer import runner
+    from deployer import pdeathsig, runner
     out = runner.spawn_bound(["printf", "%s|", "-i", "a b", "--check", "it's.yml"], dict(os.environ))
     assert out.wait(timeout=30) == 0 and out.stdout.read() == b"-i|a b|--check|it's.yml|"
     out.stdout.close()
     # a child whose deployer is not its parent (it died before the death signal was set) refuses to run
-    r = subprocess.run(["sh", "-c", f"echo ran > {tmp_path}/ran"],
-                       preexec_fn=lambda: runner._bind_to(os.getpid() + 1_000_000, runner._prctl()))
+    prctl, gone = pdeathsig.prctl(), os.getpid() + 1_000_000
+    r = subprocess.run(["sh", "-c", f"echo ran > {tmp_path}/ran"], preexec_fn=lambda: pdeathsig.bind_to(gone, prctl))
     assert r.returncode == 137 and not (tmp_path / "ran").exists()
 
 

@@ -1,7 +1,7 @@
 """The preflight's shard check (deployer/ansible_plugins/module_utils/safetensors_header.py): a truncated or foreign
 shard is found from its own header, before a load that would fail on it after minutes (issue #12)."""
 from deployer.ansible_plugins.module_utils.safetensors_header import check_shard
-from deployer.sandbox.hosts import safetensors_bytes
+from deployer.sandbox.checkpoints import safetensors_bytes
 
 
 def test_a_whole_shard_passes_and_a_truncated_one_is_measured_against_its_header(tmp_path):

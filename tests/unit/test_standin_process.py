@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from deployer.sandbox import hosts
+from deployer.sandbox import checkpoints
 from helpers import ROOT
 
 STANDIN = ROOT / "deployer" / "sandbox" / "standin.py"
@@ -24,7 +24,7 @@ def free_port():
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     d = tmp_path_factory.mktemp("model")
-    hosts.write_model_dir(d, shards=2)
+    checkpoints.write_model_dir(d, shards=2)
     return d
 
 

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
-from deployer.sandbox.hosts import write_drafter_dir, write_model_dir
+from deployer.sandbox.checkpoints import write_drafter_dir, write_model_dir
 from deployer.serve import build_serve_argv
 from helpers import CACHE, ROOT, need
 
@@ -104,7 +104,7 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
     # config validation refuses it before any restart (exit 4), instead of failing after the target's weights
     # loaded.  A name rule in the deployer would be wrong: EAGLE-3 checkpoints that say "LlamaForCausalLM" are
     # valid (vLLM prefixes "Eagle3"), which this run also confirmed on 0.16.0.
-    from deployer.sandbox.hosts import drafter_config
+    from deployer.sandbox.checkpoints import drafter_config
     rc, checks = verify(clone, tmp_path / "qwen", drafter_config=dict(
         drafter_config(), architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
     assert rc == 1 and not checks["config_validation"]["ok"]

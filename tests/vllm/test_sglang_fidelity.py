@@ -11,7 +11,7 @@ import pytest
 from deployer.ansible_plugins.module_utils import sglang_source
 from deployer.ansible_plugins.module_utils.engine_logs import LoadState
 from deployer.sandbox import sglang_standin
-from deployer.sandbox.hosts import write_model_dir
+from deployer.sandbox.checkpoints import write_model_dir
 from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm
@@ -25,8 +25,8 @@ def venv():
 
 
 def source():
-    from deployer.sandbox import standin
-    src = standin.VllmSource("sglang", sglang_standin.MESSAGES, sglang_standin.FALLBACK)
+    from deployer.sandbox import standin_base
+    src = standin_base.EngineSource("sglang", sglang_standin.MESSAGES, sglang_standin.FALLBACK)
     src.root = str(venv() / "lib" / "python3.11" / "site-packages" / "sglang")
     return src
 

@@ -12,7 +12,7 @@ import pytest
 
 from deployer.ansible_plugins.module_utils.engine_logs import LoadState
 from deployer.sandbox import standin
-from deployer.sandbox.hosts import write_model_dir
+from deployer.sandbox.checkpoints import write_model_dir
 from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm

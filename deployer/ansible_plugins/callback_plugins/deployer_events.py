@@ -24,7 +24,6 @@ description:
 import datetime
 import json
 import os
-import signal
 
 from ansible.plugins.callback import CallbackBase
 
@@ -36,27 +35,12 @@ def _now() -> str:
 
 
 def _bind_workers() -> None:
-    """Every process the playbook forks from now on (its workers) gets SIGKILL when its parent dies, and exits at
-    once if its parent is already gone.  The playbook itself dies with the deployer (runner.spawn_bound), so
-    no worker outlives a killed deployer: ansible-core's workers call setsid(), so a stop's kill of the playbook's
-    process group missed them too, and a death signal is cleared in the child of a fork."""
-    if not hasattr(os, "register_at_fork"):
-        return
-    try:
-        import ctypes
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return
-    forking = {"pid": os.getpid()}
-
-    def note() -> None:            # in the process about to fork: the child's parent
-        forking["pid"] = os.getpid()
-
-    def bind() -> None:            # in the child (a worker, or anything a worker forks: it dies with the worker)
-        prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-        if os.getppid() != forking["pid"]:
-            os._exit(137)          # its parent died before the line above took effect
-    os.register_at_fork(before=note, after_in_child=bind)
+    """Every process the playbook forks from now on (its workers) dies with its parent (deployer/pdeathsig.py).
+    The playbook itself dies with the deployer (runner.spawn_bound), so no worker outlives a killed deployer:
+    ansible-core's workers call setsid(), so a stop's kill of the playbook's process group missed them too.
+    Imported only here: the callback is active only under the CLI, whose package is then importable."""
+    from deployer.pdeathsig import bind_forks
+    bind_forks()
 
 
 def _censored(res: dict) -> dict:

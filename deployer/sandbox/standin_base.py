@@ -1,0 +1,162 @@
+"""SANDBOX ONLY: what both engine stand-ins share (standin.py plays vLLM, sglang_standin.py SGLang).
+
+Copied beside them onto a sandbox host (deployer/sandbox/hosts.py), where each imports it as ``standin_base``
+(a script's own directory is first on its import path); in the repository it is ``deployer.sandbox.standin_base``.
+Here: the rehearsal knobs (/etc/deployer-sandbox/standin.json), the stand-in's state directory, the engine's own
+message texts read from its installed source (``EngineSource``), the CUDA-side failures both engines die of, and
+the HTTP handler's common parts (uvicorn's server header, JSON replies, the Bearer API key).
+Standard library only.
+"""
+import ast
+import importlib.util
+import json
+import os
+import re
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+
+KNOBS_FILE = os.environ.get("DEPLOYER_STANDIN_KNOBS", "/etc/deployer-sandbox/standin.json")
+STATE_DIR = os.environ.get("DEPLOYER_STANDIN_STATE", "/run/deployer-standin")
+
+
+def knobs():
+    k = {"load_seconds": 4.0, "crash_phase": None, "stall_phase": None, "phase_seconds": {},
+         "acceptance_rate": 0.6, "crash_after_ready_seconds": None}
+    try:
+        with open(KNOBS_FILE) as f:
+            k.update(json.load(f))
+    except (OSError, ValueError):
+        pass
+    return k
+
+
+# ------------------------------------------------------------------ the engine's own words, from its source
+PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdifrx]")
+
+
+class EngineSource(object):
+    """Message text and [file:line] read from the installed engine's source with ``ast`` (no import of it):
+    ``package`` is the engine's package (vllm, sglang), ``messages`` key -> (file(s) under it, anchors), ``fallback``
+    key -> the text used when the engine is not importable (the stand-in run by hand) or lacks the message."""
+
+    def __init__(self, package, messages, fallback):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        self.root = os.path.dirname(spec.origin) if spec and spec.origin else None
+        self.messages, self.fallback = messages, fallback
+        self.cache, self.parsed = {}, {}
+
+    def _constants(self, rel):
+        """(text, line of the call that holds it) of every string constant in <package>/<rel>; each file is parsed
+        once per start (several messages live in gpu_model_runner.py, ~6,000 lines)."""
+        if rel in self.parsed:
+            return self.parsed[rel]
+        self.parsed[rel] = []
+        try:
+            with open(os.path.join(self.root, rel)) as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError):
+            return []
+        parents = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                parents[child] = node
+        out = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                up = parents.get(node)
+                while up is not None and not isinstance(up, ast.Call) and not isinstance(up, ast.stmt):
+                    up = parents.get(up)
+                out.append((node.value, up.lineno if isinstance(up, ast.Call) else node.lineno))
+        self.parsed[rel] = out
+        return out
+
+    def find(self, key):
+        """(text, 'file.py', line) for a MESSAGES key: the anchors in their order, each tried in every file named
+        (a message that moved between releases), the first line holding it; the fallback text with line 0 when
+        the engine is not installed, or when this release has no such message (``has``)."""
+        if key in self.cache:
+            return self.cache[key]
+        rels, anchors = self.messages[key]
+        rels = (rels,) if isinstance(rels, str) else tuple(rels)
+        found = None
+        if self.root:
+            consts = [(rel, self._constants(rel)) for rel in rels]
+            for a in anchors:
+                hits = [(line, text, rel) for rel, cs in consts for text, line in cs if a in text]
+                if hits:
+                    line, text, rel = min(hits)
+                    found = (text, os.path.basename(rel), line)
+                    break
+        if found is None:
+            found = (self.fallback[key], os.path.basename(rels[0]), 0)
+        self.cache[key] = found
+        return found
+
+    def has(self, key):
+        """Does this release print that message (always, when the engine is not installed)?"""
+        return not self.root or self.find(key)[2] > 0
+
+    def text(self, key, *args):
+        """The message with ``args`` put in (as many as its placeholders take)."""
+        fmt = self.find(key)[0]
+        n = len(PLACEHOLDER.findall(fmt))
+        return fmt % args[:n] if n else fmt
+
+
+def mark(name):
+    """Rehearsal bookkeeping for the benchmarks: when did the stand-in die / become ready."""
+    try:
+        with open(os.path.join(STATE_DIR, name), "w") as f:
+            f.write("%.6f\n" % time.time())
+    except OSError:
+        pass
+
+
+# How the CUDA side of a load fails, by phase (torch, inductor and NCCL errors: the same under either engine).
+CRASHES = {
+    "weights": ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total "
+                "capacity of 95.59 GiB of which 1.02 GiB is free."),
+    "drafter": ("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 896.00 MiB."),
+    "compile": ("torch._dynamo.exc.BackendCompilerFailed", "backend='inductor' raised: RuntimeError"),
+    "kv_cache": ("ValueError", "No available memory for the cache blocks. Try increasing "
+                 "`gpu_memory_utilization` when initializing the engine."),
+    "graphs": ("RuntimeError", "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"),
+    "api": ("RuntimeError", "NCCL error: remote process exited or there was a network error"),
+}
+# The knobs that make a start fail (only_if_arg limits them to an argv that holds its word).
+FAILURE_KNOBS = ("crash_phase", "stall_phase", "crash_after_ready_seconds", "unhealthy_after_ready_seconds",
+                 "hang_after_ready_seconds", "chat_status", "empty_reply", "no_drafts", "fatal_line_phase")
+
+
+class ApiHandler(BaseHTTPRequestHandler):
+    """What both stand-ins' HTTP servers share (standin.py's and sglang_standin.py's): uvicorn's server header, a JSON
+    reply, and the Bearer API key check (401 as both engines answer it)."""
+    server_version = "uvicorn"
+    sys_version = ""
+    api_key = ""
+
+    def log_request(self, code="-", size="-"):
+        """uvicorn's access line: ``127.0.0.1:54321 - "GET /health HTTP/1.1" 200 OK`` (after the logger's prefix)."""
+        try:
+            phrase = " " + HTTPStatus(int(code)).phrase
+        except ValueError:
+            phrase = ""
+        self.log_message('%s:%s - "%s" %s%s', self.client_address[0], self.client_address[1], self.requestline,
+                         code, phrase)
+
+    def _send(self, code, body=b"", ctype="application/json"):
+        self.send_response(code)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self):
+        if not self.api_key or self.headers.get("Authorization", "") == "Bearer " + self.api_key:
+            return True
+        self._send(401, json.dumps({"error": "Unauthorized"}).encode())
+        return False
