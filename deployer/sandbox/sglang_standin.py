@@ -288,31 +288,15 @@ def main(argv):
                  "--speculative-num-draft-tokens"):
         p.add_argument(flag, type=int)
     a, _unknown = p.parse_known_args(argv)
-    k = base.knobs()
-    if k.get("only_if_arg") is not None and k["only_if_arg"] not in argv:
-        for knob in base.FAILURE_KNOBS:
-            k.pop(knob, None)
-    os.makedirs(base.STATE_DIR, exist_ok=True)
-    with open(os.path.join(base.STATE_DIR, "argv.json"), "w") as f:
-        json.dump({"argv": argv, "pid": PID, "started": time.time(), "engine": "sglang"}, f)
+    start = base.Start(argv, PHASES, engine="sglang")
+    k, ps = start.knobs, start.seconds
     log("SANDBOX: SGLang stand-in (SGLang %s's messages) serving %s" % (_version(), a.model_path), tp=False)
-    ps = dict((ph, float(k["load_seconds"]) / len(PHASES)) for ph in PHASES)
-    ps.update(k.get("phase_seconds") or {})
     spec = (a.speculative_algorithm or "").upper() == "EAGLE3"
-    if not os.path.exists(os.path.join(a.model_path or "", "config.json")):
-        sys.stdout.write("OSError: %s does not appear to have a file named config.json.\n" % a.model_path)
-        sys.exit(1)
-    shards = 64
-    try:
-        with open(os.path.join(a.model_path, "model.safetensors.index.json")) as f:
-            shards = len(set(json.load(f)["weight_map"].values()))
-    except (OSError, ValueError, KeyError):
-        pass
+    shards = base.model_shards(a.model_path)
 
     def phase(name):
         if k.get("stall_phase") == name:
-            while True:
-                time.sleep(3600)
+            base.Start.hang()
         if k.get("crash_phase") == name:
             time.sleep(min(ps[name], 1.0))
             die(*CRASHES[name])

@@ -448,13 +448,8 @@ def make_handler(args, metrics, api_key, started, k=None):
     return H
 
 
-def main(argv):
-    if "--model-path" in argv:   # `sglang serve --model-path ...`: the stand-in plays SGLang
-        try:
-            import sglang_standin  # beside this file (a sandbox host, or run as a script)
-        except ImportError:
-            from deployer.sandbox import sglang_standin
-        return sglang_standin.main(argv)
+def parse_args(argv):
+    """``vllm serve``'s flags that the stand-in acts on (the rest is passed on unread, as vLLM's checks ran)."""
     p = argparse.ArgumentParser(prog="vllm")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve")
@@ -467,127 +462,116 @@ def main(argv):
     s.add_argument("--max-model-len", type=int)
     s.add_argument("--trust-remote-code", action="store_true")
     s.add_argument("--speculative-config", type=json.loads)
-    args, unknown = p.parse_known_args(argv)
-    k = base.knobs()
-    if k.get("only_if_arg") is not None and k["only_if_arg"] not in argv:
-        for knob in base.FAILURE_KNOBS:
-            k.pop(knob, None)
-    os.makedirs(base.STATE_DIR, exist_ok=True)
-    with open(os.path.join(base.STATE_DIR, "argv.json"), "w") as f:
-        json.dump({"argv": argv, "pid": PID, "started": time.time()}, f)
-    log(None, raw="vLLM API server version (sandbox stand-in)", who="APIServer", where="standin.py")
-    log(None, raw="non-default args: %s" % json.dumps({"model_tag": args.model_tag, "unknown": unknown,
-                                                      "speculative_config": args.speculative_config}),
-        who="APIServer", where="standin.py")
-    ps = dict((ph, float(k["load_seconds"]) / len(PHASES)) for ph in PHASES)
-    ps.update(k.get("phase_seconds") or {})
-    bar_format = SRC.find("bar_format")[0]
-    shards_desc = SRC.find("shards_desc")[0]
+    return p.parse_known_args(argv)
 
-    def stall(name):
-        if k.get("stall_phase") == name:
-            while True:  # hang silently after the phase's first line, like an NCCL deadlock
-                time.sleep(3600)
 
-    def phase(name):
-        if k.get("fatal_line_phase") == name:   # a fatal line while the process lives on (a wedged NCCL rank)
+class Load(object):
+    """The load, phase by phase, with the rehearsal knobs of this start applied at each phase's start."""
+
+    def __init__(self, start, shards):
+        self.k, self.ps, self.shards = start.knobs, start.seconds, shards
+        self.bar_format = SRC.find("bar_format")[0]
+        self.shards_desc = SRC.find("shards_desc")[0]
+
+    def stall(self, name):
+        if self.k.get("stall_phase") == name:
+            base.Start.hang()    # silent after the phase's first line, like an NCCL deadlock
+
+    def phase(self, name):
+        if self.k.get("fatal_line_phase") == name:   # a fatal line while the process lives on (a wedged NCCL rank)
             log(None, raw="NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
                 level="ERROR", where="pynccl.py")
-            while True:
-                time.sleep(3600)
-        if k.get("stall_phase") == name and name in ("weights", "drafter", "api"):
-            stall(name)
-        if k.get("crash_phase") == name:
+            base.Start.hang()
+        if name in ("weights", "drafter", "api"):
+            self.stall(name)
+        if self.k.get("crash_phase") == name:
             if name == "weights":  # real vLLM dies part-way through the shard bar
-                bar(shards_desc, shards, min(ps[name], 1.0), bar_format, stop_at=shards // 4)
-            time.sleep(min(ps[name], 1.0))
-            exc, msg = base.CRASHES[name]
-            die(exc, msg)
+                bar(self.shards_desc, self.shards, min(self.ps[name], 1.0), self.bar_format, stop_at=self.shards // 4)
+            time.sleep(min(self.ps[name], 1.0))
+            die(*base.CRASHES[name])
 
-    cfg_path = os.path.join(args.model_tag, "config.json")
-    if not os.path.exists(cfg_path):
-        sys.stdout.write("OSError: %s does not appear to have a file named config.json.\n" % args.model_tag)
-        sys.exit(1)
-    shards = 64
-    try:
-        with open(os.path.join(args.model_tag, "model.safetensors.index.json")) as f:
-            shards = len(set(json.load(f)["weight_map"].values()))
-    except (OSError, ValueError, KeyError):
-        pass
-    spec = args.speculative_config or {}
-    k_tokens = int(spec.get("num_speculative_tokens", 3)) if spec else 0
+    def model(self, args, spec):
+        """V1's GPUModelRunner.load_model: target weights, drafter, THEN the EAGLE-3 interface check.  Model Runner
+        V2 (the only runner from 0.34; vllm/v1/worker/gpu/model_runner.py): target weights, the EAGLE-3 check and its
+        aux layers line, then the drafter, which says nothing of its own before its shard bar."""
+        v2 = not SRC.has("start") and SRC.has("start_v2")
+        log("start_v2" if v2 else "start", *(() if v2 else (args.model_tag,)))
+        self.phase("weights")
+        t0 = time.time()
+        bar(self.shards_desc, self.shards, self.ps["weights"], self.bar_format)
+        log("weights_took", time.time() - t0, who="Worker_TP0")
+        if v2 and spec.get("method") == "eagle3":
+            check_eagle3(spec.get("model", ""), v2=True)
+        if spec:
+            if not v2:
+                log("drafter")
+            self.phase("drafter")
+            t1 = time.time()
+            bar(self.shards_desc, 1, self.ps["drafter"], self.bar_format)   # the drafter's single safetensors file
+            log("weights_took", time.time() - t1)
+        if not v2 and spec.get("method") == "eagle3":
+            check_eagle3(spec.get("model", ""))
+        log("model_took_v2" if v2 else "model_took", "74.31", time.time() - t0)
+        return v2, t0
 
-    # V1's GPUModelRunner.load_model: target weights, drafter, THEN the EAGLE-3 interface check.  Model Runner V2
-    # (the only runner from 0.34; vllm/v1/worker/gpu/model_runner.py): target weights, the EAGLE-3 check and its
-    # aux layers line, then the drafter, which says nothing of its own before its shard bar.
-    v2 = not SRC.has("start") and SRC.has("start_v2")
-    log("start_v2" if v2 else "start", *(() if v2 else (args.model_tag,)))
-    phase("weights")
-    t0 = time.time()
-    bar(shards_desc, shards, ps["weights"], bar_format)
-    log("weights_took", time.time() - t0, who="Worker_TP0")
-    if v2 and spec.get("method") == "eagle3":
-        check_eagle3(spec.get("model", ""), v2=True)
-    if spec:
-        if not v2:
-            log("drafter")
-        phase("drafter")
-        t1 = time.time()
-        bar(shards_desc, 1, ps["drafter"], bar_format)   # the drafter's single safetensors file
-        log("weights_took", time.time() - t1)
-    if not v2 and spec.get("method") == "eagle3":
-        check_eagle3(spec.get("model", ""))
-    log("model_took_v2" if v2 else "model_took", "74.31", time.time() - t0)
-    phase("compile")
-    # torch.compile's cache: a miss on the first start of a config, a hit after (vllm/compilation/backends.py)
-    cache_root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "vllm")
-    key = hashlib.sha256(json.dumps(sorted(a for a in argv if a != str(args.port))).encode()).hexdigest()[:10]
-    cache_dir = os.path.join(cache_root, "torch_compile_cache", key, "rank_0_0", "backbone")
-    hit = os.path.exists(os.path.join(cache_dir, "standin-compiled"))
-    log("cache_dir", cache_dir)
-    stall("compile")
-    time.sleep(ps["compile"] / 2)
-    log("dynamo", ps["compile"] / 2)
-    if hit:
-        log("compile_hit", "(1, 8192)", ps["compile"] / 4)
-    else:
+    def compile(self, argv, port):
+        """torch.compile's cache: a miss on the first start of a config, a hit after (vllm/compilation/backends.py)."""
+        ps = self.ps
+        self.phase("compile")
+        cache_root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "vllm")
+        key = hashlib.sha256(json.dumps(sorted(a for a in argv if a != str(port))).encode()).hexdigest()[:10]
+        cache_dir = os.path.join(cache_root, "torch_compile_cache", key, "rank_0_0", "backbone")
+        hit = os.path.exists(os.path.join(cache_dir, "standin-compiled"))
+        log("cache_dir", cache_dir)
+        self.stall("compile")
         time.sleep(ps["compile"] / 2)
-        log("compile_miss", "(1, 8192)", ps["compile"] / 2)
-        try:
-            os.makedirs(cache_dir, exist_ok=True)
-            open(os.path.join(cache_dir, "standin-compiled"), "w").close()
-        except OSError:
-            pass
-    log("compile_total", ps["compile"])
-    phase("kv_cache")
-    time.sleep(ps["kv_cache"])
-    log("kv_mem", "11.42")
-    stall("kv_cache")
-    if "KV cache size" in SRC.find("max_conc")[0]:
-        # 0.33+: one line for both, "GPU KV cache size: N tokens, Maximum concurrency for ..."
-        # (kv_cache_utils.update_kv_cache_capacity)
-        log("max_conc", "GPU", "418,016", "131,072", 3.19, who="EngineCore_DP0")
-    else:
-        log("kv_size", "418,016", who="EngineCore_DP0")
-        log("max_conc", "131,072", 3.19, who="EngineCore_DP0")
-    phase("graphs")
-    if v2:   # CudaGraphManager.capture: desc=f"{progress_bar_desc} ({mode.name})", one bar per mode
-        graphs = SRC.find("graphs_desc_v2")[0]
-        descs = ("%s (PIECEWISE)" % graphs, "%s (FULL)" % graphs)
-    else:
-        graphs = SRC.find("graphs_desc")[0]
-        descs = (graphs.format("mixed prefill-decode", "PIECEWISE"), graphs.format("decode", "FULL"))
-    if k.get("stall_phase") == "graphs":
-        bar(descs[0], 33, 0.2, stop_at=5)
-        stall("graphs")
-    bar(descs[0], 33, ps["graphs"] / 2)
-    bar(descs[1], 19, ps["graphs"] / 2)
-    log("graphs_done_v2" if v2 else "graphs_done", max(1, int(ps["graphs"])), 2.39)
-    log("engine", time.time() - t0, ps["compile"], who="EngineCore_DP0")   # 0.20+: and the compile seconds
-    phase("api")
-    time.sleep(ps["api"])
+        log("dynamo", ps["compile"] / 2)
+        if hit:
+            log("compile_hit", "(1, 8192)", ps["compile"] / 4)
+        else:
+            time.sleep(ps["compile"] / 2)
+            log("compile_miss", "(1, 8192)", ps["compile"] / 2)
+            try:
+                os.makedirs(cache_dir, exist_ok=True)
+                open(os.path.join(cache_dir, "standin-compiled"), "w").close()
+            except OSError:
+                pass
+        log("compile_total", ps["compile"])
+
+    def kv_cache(self):
+        self.phase("kv_cache")
+        time.sleep(self.ps["kv_cache"])
+        log("kv_mem", "11.42")
+        self.stall("kv_cache")
+        if "KV cache size" in SRC.find("max_conc")[0]:
+            # 0.33+: one line for both, "GPU KV cache size: N tokens, Maximum concurrency for ..."
+            # (kv_cache_utils.update_kv_cache_capacity)
+            log("max_conc", "GPU", "418,016", "131,072", 3.19, who="EngineCore_DP0")
+        else:
+            log("kv_size", "418,016", who="EngineCore_DP0")
+            log("max_conc", "131,072", 3.19, who="EngineCore_DP0")
+
+    def graphs(self, v2):
+        self.phase("graphs")
+        if v2:   # CudaGraphManager.capture: desc=f"{progress_bar_desc} ({mode.name})", one bar per mode
+            graphs = SRC.find("graphs_desc_v2")[0]
+            descs = ("%s (PIECEWISE)" % graphs, "%s (FULL)" % graphs)
+        else:
+            graphs = SRC.find("graphs_desc")[0]
+            descs = (graphs.format("mixed prefill-decode", "PIECEWISE"), graphs.format("decode", "FULL"))
+        if self.k.get("stall_phase") == "graphs":
+            bar(descs[0], 33, 0.2, stop_at=5)
+            self.stall("graphs")
+        bar(descs[0], 33, self.ps["graphs"] / 2)
+        bar(descs[1], 19, self.ps["graphs"] / 2)
+        log("graphs_done_v2" if v2 else "graphs_done", max(1, int(self.ps["graphs"])), 2.39)
+
+
+def serve(args, k, spec):
+    """The API once the load is done (nothing listens before), and the after-ready knobs."""
     host = args.host or "0.0.0.0"
     log("api", 0, "http://%s:%d" % (host, args.port), who="APIServer")
+    k_tokens = int(spec.get("num_speculative_tokens", 3)) if spec else 0
     metrics = Metrics(args.served_model_name or args.model_tag, max(1, k_tokens),
                       float(k.get("acceptance_rate", 0.6)), bool(spec))
     metrics.no_drafts = bool(k.get("no_drafts"))
@@ -612,6 +596,31 @@ def main(argv):
     if k.get("hang_after_ready_seconds") is not None:
         threading.Timer(float(k["hang_after_ready_seconds"]), lambda: ENGINE.update(hung=True)).start()
     srv.serve_forever()
+
+
+def main(argv):
+    if "--model-path" in argv:   # `sglang serve --model-path ...`: the stand-in plays SGLang
+        try:
+            import sglang_standin  # beside this file (a sandbox host, or run as a script)
+        except ImportError:
+            from deployer.sandbox import sglang_standin
+        return sglang_standin.main(argv)
+    args, unknown = parse_args(argv)
+    start = base.Start(argv, PHASES)
+    log(None, raw="vLLM API server version (sandbox stand-in)", who="APIServer", where="standin.py")
+    log(None, raw="non-default args: %s" % json.dumps({"model_tag": args.model_tag, "unknown": unknown,
+                                                      "speculative_config": args.speculative_config}),
+        who="APIServer", where="standin.py")
+    load = Load(start, base.model_shards(args.model_tag))
+    spec = args.speculative_config or {}
+    v2, t0 = load.model(args, spec)
+    load.compile(argv, args.port)
+    load.kv_cache()
+    load.graphs(v2)
+    log("engine", time.time() - t0, load.ps["compile"], who="EngineCore_DP0")   # 0.20+: and the compile seconds
+    load.phase("api")
+    time.sleep(load.ps["api"])
+    serve(args, start.knobs, spec)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -29,6 +30,43 @@ def knobs():
     except (OSError, ValueError):
         pass
     return k
+
+
+class Start(object):
+    """One start of a stand-in: its knobs (the failure knobs dropped when ``only_if_arg`` names no word of this
+    argv), each phase's seconds (``load_seconds`` shared evenly, ``phase_seconds`` over it), and argv.json in the
+    state directory (what the tests read back: the argv, the pid, when it started)."""
+
+    def __init__(self, argv, phases, **record):
+        k = knobs()
+        if k.get("only_if_arg") is not None and k["only_if_arg"] not in argv:
+            for knob in FAILURE_KNOBS:
+                k.pop(knob, None)
+        self.knobs = k
+        self.seconds = dict((ph, float(k["load_seconds"]) / len(phases)) for ph in phases)
+        self.seconds.update(k.get("phase_seconds") or {})
+        os.makedirs(STATE_DIR, exist_ok=True)
+        with open(os.path.join(STATE_DIR, "argv.json"), "w") as f:
+            json.dump(dict({"argv": argv, "pid": os.getpid(), "started": time.time()}, **record), f)
+
+    @staticmethod
+    def hang():
+        """Silent for good, the process alive (an NCCL deadlock, a wedged rank)."""
+        while True:
+            time.sleep(3600)
+
+
+def model_shards(model_dir):
+    """The number of safetensors shards the model's index names (64 when it cannot be read); a directory without
+    config.json ends the start with the OSError line both engines print (transformers' words)."""
+    if not os.path.exists(os.path.join(model_dir or "", "config.json")):
+        sys.stdout.write("OSError: %s does not appear to have a file named config.json.\n" % model_dir)
+        sys.exit(1)
+    try:
+        with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
+            return len(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError):
+        return 64
 
 
 # ------------------------------------------------------------------ the engine's own words, from its source
