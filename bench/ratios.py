@@ -41,6 +41,32 @@ def ping(limit=None):
     return time.time() - t0
 
 
+# Actions that run in the controller's playbook process and never reach a host (every other task is a round trip
+# and a Python start on the host).
+LOCAL_ACTIONS = {"set_fact", "assert", "debug", "fail", "meta", "include_tasks", "include_role", "import_tasks",
+                 "add_host", "group_by", "include_vars"}
+
+
+def remote_tasks(events, host):
+    """How many tasks of the run reached ``host`` (ran a module there), from the --json task events."""
+    return sum(1 for e in events if e.get("event") in ("task_ok", "task_failed") and e.get("host") == host
+               and (e.get("action") or "").split(".")[-1] not in LOCAL_ACTIONS)
+
+
+def ansible_tasks(k, limit=None):
+    """Plain ansible-playbook running ``k`` ping tasks (each a module run on the host, like a deploy's remote
+    tasks) on the sandbox's gpu hosts: what Ansible itself costs for that many round trips."""
+    pb = sb.STATE / f"bench-{k}-pings.yml"
+    pb.write_text("- hosts: gpu\n  gather_facts: false\n  tasks:\n"
+                  + "".join(f"    - name: ping {i}\n      ansible.builtin.ping:\n" for i in range(k)))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    args = [tools.venv_bin("ansible-playbook"), "-i", str(sb.STATE / "inventory.yml"), str(pb)] + \
+        (["--limit", limit] if limit else [])
+    t0 = time.time()
+    subprocess.run(args, check=True, capture_output=True, env=env, cwd=ROOT)
+    return time.time() - t0
+
+
 def best(fn, runs):
     return min(fn() for _ in range(runs))
 
@@ -115,6 +141,16 @@ def main():
     row(f"cold up, {n} hosts, overhead", coldn - coldn_excl, "<= 2x one host's overhead",
         (coldn - coldn_excl) / max(0.01, cold - cold_excl), 2)
     row(f"cold up, {n} hosts, install + vLLM checks + load (longest host)", coldn_excl, "(excluded)")
+    # Ansible's own scaling for as many round trips as the cold deploy made on one host, on this machine: the
+    # floor under the ratio above (the hosts' module runs share the controller's cores here).
+    k = remote_tasks(ev, "sbx1")
+    base1 = best(lambda: ansible_tasks(k, "sbx1"), a.runs)
+    basen = best(lambda: ansible_tasks(k), a.runs)
+    row(f"ansible-playbook, {k} ping tasks (the cold deploy's remote tasks), 1 host", base1, "-")
+    row(f"ansible-playbook, {k} ping tasks, {n} hosts / 1 host (Ansible's own scaling here)", basen, "-",
+        basen / base1)
+    row("cold up overhead's scaling / Ansible's own (1: the deployer scales as Ansible does)", coldn - coldn_excl,
+        "-", ((coldn - coldn_excl) / max(0.01, cold - cold_excl)) / (basen / base1))
     sb.stop()
     report(rows)
 

@@ -246,7 +246,7 @@ class Display:
                     self._note(host, stage, res["msg"])
             if self.as_json:
                 self.emit({"event": kind.replace("runner_on_", "task_"), "host": host, "role": data.get("role"),
-                           "task": data.get("task"), "changed": res.get("changed")})
+                           "task": data.get("task"), "action": action, "changed": res.get("changed")})
         elif kind == "runner_on_skipped" and self.as_json:
             self.emit({"event": "task_skipped", "host": host, "role": data.get("role"), "task": data.get("task")})
         elif kind == "playbook_on_stats":
