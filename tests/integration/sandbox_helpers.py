@@ -50,9 +50,9 @@ SEED = SEED_ROOT / (os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"run-{os.getpi
 def up(*args, **kw):
     r = deployer("up", "--sandbox", *args, **kw)
     if r.returncode == 0 and not (SEED / Path(venv()).name).exists():
-        from deployer.sandbox import hosts as sb
-        for h in sb.hosts_on_disk():
-            if not sb.is_balancer(h) and sb.save_seed(h, venv(), SEED):
+        from deployer.sandbox import common, hosts
+        for h in common.hosts_on_disk():
+            if not common.is_balancer(h) and hosts.save_seed(h, venv(), SEED):
                 break
     return r
 

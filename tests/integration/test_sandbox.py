@@ -11,6 +11,7 @@ from sandbox_helpers import sh as _sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 from deployer.sandbox import hosts as sbx  # noqa: E402
+from deployer.sandbox.common import STANDIN_PATH  # noqa: E402
 
 H = "sbx1"
 
@@ -55,7 +56,7 @@ def test_01_full_up_then_noop(tmp_path):
     assert "supports_eagle3(KimiK25ForConditionalGeneration) = True" in sh(f"journalctl -u {SVC} --no-pager")
     cur = sh("readlink /opt/deployer/current")
     argv = json.loads(sh("cat /opt/deployer/current/argv.json"))
-    assert argv[:3] == [f"{venv()}/bin/python", sbx.STANDIN_PATH, "serve"]
+    assert argv[:3] == [f"{venv()}/bin/python", STANDIN_PATH, "serve"]
     assert json.loads(sh("cat /run/deployer-standin/argv.json"))["argv"] == argv[2:]
     assert sh("stat -c %a " + cur + "/vllm.env") == "600"
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
