@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -177,8 +178,10 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
         on_event: Callable[[dict], None] | None = None, verbosity: int = 0) -> Result:
     """Run ``playbooks/<playbook>`` with ``ansible-playbook`` and fold its events (callback ``deployer_events``,
     one JSON line each on a pipe) into a ``Result``; ``on_event`` sees each event as it comes."""
-    pdd = tempfile.mkdtemp(prefix="deployer-run-")
-    os.chmod(pdd, 0o700)  # the extra vars (they may hold secrets) are written here, 0600
+    reap_run_dirs()
+    # 0700 (mkdtemp): the extra vars, 0600, go here; the pid in the name lets a later run remove it if this one is
+    # killed outright (reap_run_dirs)
+    pdd = tempfile.mkdtemp(prefix=f"deployer-run-{os.getpid()}-")
     collect = Collector()
     trace = _trace_writer()
 
@@ -204,6 +207,39 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
         return res
     finally:
         shutil.rmtree(pdd, ignore_errors=True)
+
+
+RUN_DIR = re.compile(r"deployer-run-(\d+)-[^/]+\Z")
+
+
+def reap_run_dirs(tmp: str | None = None) -> list[str]:
+    """Remove the run directories (``deployer-run-<pid>-*``, beside the temporary files) that this user's
+    deployers killed outright left behind (no ``finally`` runs on SIGKILL): those whose deployer is gone.  A
+    live run's, another user's and anything not a real directory (``/tmp`` is everyone's: a symlink is never
+    followed) are left.  Returns the names removed."""
+    tmp = tmp or tempfile.gettempdir()
+    gone = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return gone
+    for name in names:
+        m = RUN_DIR.match(name)
+        if not m:
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            st = os.lstat(path)
+            os.kill(int(m.group(1)), 0)
+            continue                                    # its deployer (or a process with its pid) still runs
+        except ProcessLookupError:
+            pass
+        except OSError:                                 # gone already, or a pid of another user's: alive
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(name)
+    return gone
 
 
 def playbook_argv(playbook: str, inventory: str, extravars_file: str, limit: str | None = None, check: bool = False,

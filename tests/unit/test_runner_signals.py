@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from helpers import ROOT
@@ -150,6 +151,46 @@ def test_a_deployer_killed_outright_leaves_no_secret_on_disk(tmp_path):
     p.wait()
     left = {str(f.relative_to(tmp)): f.read_bytes() for f in tmp.rglob("*") if f.is_file()}
     assert not [name for name, data in left.items() if b"s3cr3t-K1LL" in data], sorted(left)
+
+
+def test_the_next_run_removes_what_a_killed_run_left_and_nothing_else(tmp_path, monkeypatch):
+    """A deployer killed outright leaves its run directory (its extra vars: settings and paths, no secret since
+    secrets_to_env); the suite's controller-killed tests left 21 on this machine in one session.  The next run
+    removes those of this user whose deployer is gone, and leaves a live run's directory, another user's, and a
+    symlink named like one (never followed: /tmp is everyone's)."""
+    from deployer import runner
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = tmp_path / "started"
+    pb = tmp_path / "slow.yml"
+    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                  "    - ansible.builtin.command: touch {{ marker }}\n"
+                  "    - ansible.builtin.command: sleep 300\n")
+    p = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(ROOT), str(pb), str(marker)],
+                         env=dict(os.environ, TMPDIR=str(tmp)))
+    for _ in range(300):
+        if marker.exists():
+            break
+        time.sleep(0.1)
+    assert marker.exists(), "the playbook never ran its first task"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    left = sorted(d.name for d in tmp.glob("deployer-run-*"))
+    assert len(left) == 1 and left[0].startswith(f"deployer-run-{p.pid}-"), left
+    live = tmp / f"deployer-run-{os.getpid()}-live"          # a run in progress (this process is alive)
+    live.mkdir()
+    target = tmp_path / "not-ours"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    (tmp / f"deployer-run-{p.pid}-link").symlink_to(target)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    ok = tmp_path / "ok.yml"
+    ok.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n")
+    res = runner.run(str(ok), "localhost,", {"ansible_connection": "local"})
+    assert res.exit_code() == runner.Exit.OK, res
+    assert sorted(d.name for d in tmp.glob("deployer-run-*")) == [f"deployer-run-{os.getpid()}-live",
+                                                                   f"deployer-run-{p.pid}-link"]
+    assert (target / "keep").exists()
 
 
 def test_secrets_reach_the_playbook_as_given(tmp_path):
