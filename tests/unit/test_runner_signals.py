@@ -130,9 +130,8 @@ runner.run(sys.argv[2], "localhost,", {"ansible_connection": "local", "deployer_
 """
 
 
-def test_a_deployer_killed_outright_leaves_no_secret_on_disk(tmp_path):
-    """The extra vars hold the API key and HF token: a deployer killed outright (SIGKILL, the OOM killer) runs no
-    clean-up, so they must never have been a file (found: a SIGKILLed run left /tmp/deployer-run-*/extravars.json)."""
+def killed_run(tmp_path):
+    """A deployer (TMPDIR: tmp_path/tmp) SIGKILLed while its playbook runs a task: (that TMPDIR, its Popen)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     marker = tmp_path / "started"
@@ -149,6 +148,13 @@ def test_a_deployer_killed_outright_leaves_no_secret_on_disk(tmp_path):
     assert marker.exists(), "the playbook never ran its first task"
     p.send_signal(signal.SIGKILL)
     p.wait()
+    return tmp, p
+
+
+def test_a_deployer_killed_outright_leaves_no_secret_on_disk(tmp_path):
+    """The extra vars hold the API key and HF token: a deployer killed outright (SIGKILL, the OOM killer) runs no
+    clean-up, so they must never have been a file (found: a SIGKILLed run left /tmp/deployer-run-*/extravars.json)."""
+    tmp, p = killed_run(tmp_path)
     left = {str(f.relative_to(tmp)): f.read_bytes() for f in tmp.rglob("*") if f.is_file()}
     assert not [name for name, data in left.items() if b"s3cr3t-K1LL" in data], sorted(left)
 
@@ -159,22 +165,7 @@ def test_the_next_run_removes_what_a_killed_run_left_and_nothing_else(tmp_path, 
     removes those of this user whose deployer is gone, and leaves a live run's directory, another user's, and a
     symlink named like one (never followed: /tmp is everyone's)."""
     from deployer import runner
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    marker = tmp_path / "started"
-    pb = tmp_path / "slow.yml"
-    pb.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-                  "    - ansible.builtin.command: touch {{ marker }}\n"
-                  "    - ansible.builtin.command: sleep 300\n")
-    p = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(ROOT), str(pb), str(marker)],
-                         env=dict(os.environ, TMPDIR=str(tmp)))
-    for _ in range(300):
-        if marker.exists():
-            break
-        time.sleep(0.1)
-    assert marker.exists(), "the playbook never ran its first task"
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    tmp, p = killed_run(tmp_path)
     left = sorted(d.name for d in tmp.glob("deployer-run-*"))
     assert len(left) == 1 and left[0].startswith(f"deployer-run-{p.pid}-"), left
     live = tmp / f"deployer-run-{os.getpid()}-live"          # a run in progress (this process is alive)
