@@ -45,7 +45,9 @@ def test_module_docs(module):
     doc = yaml.safe_load(consts["DOCUMENTATION"])
     assert doc["module"] == module.stem and doc["options"] and doc["attributes"]["check_mode"]["support"]
     assert yaml.safe_load(consts["EXAMPLES"]) and yaml.safe_load(consts["RETURN"])
-    assert "supports_check_mode=True" in module.read_text()
+    # an action-backed module (ansible-core's layout: the doc here, the code in action_plugins/) runs on the controller
+    action = ROOT / "deployer/ansible_plugins/action_plugins" / module.name
+    assert "supports_check_mode=True" in module.read_text() or (action.exists() and "def run(" in action.read_text())
 
 
 def test_playbook_syntax():

@@ -1,0 +1,88 @@
+"""Action plugin: the whole no-op check of ``deployer up`` in one task per host (issue 24).
+
+Plans on this controller, reads the host in one round trip (the ``deployer_state`` module), binds the plan to what
+the host measured, renders the unit and env file here exactly as the render stage will (the same
+``ansible.builtin.template`` lookup on the same templates) and compares them, by sha256, with what runs.  Four tasks
+per host were one worker fork each; on a 2-core controller with 8 hosts those forks were most of the no-op's time
+(docs/benchmarks.md).  The logic is the deployer package's (deployer/plan.py, the filters' own functions): this file
+only wires it.  Documented in modules/deployer_noop_check.py (ansible-core's layout for an action-backed module).
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+try:
+    import deployer  # noqa: F401  (installed, or already importable)
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from ansible.errors import AnsibleError  # noqa: E402
+from ansible.plugins.action import ActionBase  # noqa: E402
+from ansible.plugins.loader import lookup_loader  # noqa: E402
+
+from deployer import plan  # noqa: E402
+from deployer.ansible_plugins.filter_plugins import deployer_filters as filters  # noqa: E402
+
+# the templates the render stage writes (roles/render/tasks/main.yml), rendered here only to be hashed
+TEMPLATES = ("engine.service.j2", "engine.env.j2")
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = True
+    _VALID_ARGS = frozenset(("settings", "settings_unknown", "drafter_src_dir", "root", "service", "secrets",
+                             "device_allow_extra", "templates_dir"))
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        args = self._task.args
+        missing = [k for k in ("settings", "root", "service", "templates_dir") if args.get(k) in (None, "")]
+        if missing:
+            return dict(result, failed=True, msg="missing required arguments: " + ", ".join(missing))
+        # bad or unknown settings: no plan, no verdict; the full deploy's preflight says what is wrong
+        result.update(changed=False, noop=False, plan=None, release=None, fingerprint=None, patches=None,
+                      reasons=None)
+        if args.get("settings_unknown"):
+            return result
+        src = args.get("drafter_src_dir") or ""
+        manifest = filters.drafter_manifest(src, False) if src else None
+        the_plan = filters.deployer_plan_or_none(args["settings"], manifest)
+        if the_plan is None:
+            return result
+        result["plan"] = the_plan
+        state = self._execute_module(
+            module_name="deployer_state", task_vars=task_vars,
+            module_args={"root": args["root"], "service": args["service"], "secrets": args.get("secrets"),
+                         "probe": {"venv": the_plan["venv"],
+                                   "drafter_dir": (the_plan.get("drafter") or {}).get("dir") or "",
+                                   "port": the_plan["port"], "host": the_plan["probe_host"],
+                                   "files": [(the_plan["unit"].get("line_splitter") or ""),
+                                             the_plan["secrets"]["dropin_path"]]}})
+        state.pop("invocation", None)          # its arguments hold the live secrets (no_log there, dropped here)
+        if state.get("failed"):
+            return dict(result, failed=True, msg="reading the host: " + str(state.get("msg") or state))
+        bound = filters.deployer_plan_devices(
+            the_plan, filters.nvidia_device_allow((state.get("probe") or {}).get("nvidia_devices"),
+                                                  args.get("device_allow_extra")), False)
+        if bound is None:
+            return result
+        expected = plan.expected_release(bound, state)
+        unit_sha, env_sha = (hashlib.sha256(self._render(name, task_vars, bound, expected).encode()).hexdigest()
+                             for name in TEMPLATES)
+        result.update(plan.noop_check(expected, state, bound, unit_sha, env_sha))
+        return result
+
+    def _render(self, name, task_vars, bound, expected):
+        """One template as the render stage renders it: its lookup, its variables, its ``ansible_managed``."""
+        path = str(Path(self._task.args["templates_dir"]) / name)
+        lookup = lookup_loader.get("ansible.builtin.template", loader=self._loader, templar=self._templar)
+        if lookup is None:
+            raise AnsibleError("the ansible.builtin.template lookup is missing")
+        template_vars = {"render_plan": bound,
+                         "render_patch": {"fingerprint": expected["fingerprint"], "patches": expected["patches"]},
+                         "__render_id": expected["id"],
+                         "__render_dir": "%s/%s" % (bound["dirs"]["releases"], expected["id"])}
+        return lookup.run([path], variables=task_vars, template_vars=template_vars)[0]
