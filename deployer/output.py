@@ -44,6 +44,7 @@ QUIET_MSGS = ("All assertions passed", "All items completed")
 SET_FACT = ("ansible.builtin.set_fact", "set_fact")
 DEBUG = ("ansible.builtin.debug", "debug")
 ASSERT = ("ansible.builtin.assert", "assert")
+NOOP_CHECK = "deployer_noop_check"     # its msg, when there is nothing to do, is a note like a debug task's
 
 
 def fmt_seconds(s: float) -> str:
@@ -241,7 +242,7 @@ class Display:
                 self._diff(host, res["diff"])
             if action == "engine_watch" and kind == "runner_on_ok":
                 self._watch_done(host, res)
-            elif kind == "runner_on_ok" and (action in DEBUG or (action in ASSERT and res.get("msg"))):
+            elif kind == "runner_on_ok" and (action in DEBUG or (action in ASSERT + (NOOP_CHECK,) and res.get("msg"))):
                 if res.get("msg") is not None and not res.get("skipped"):
                     self._note(host, stage, res["msg"])
             if self.as_json:

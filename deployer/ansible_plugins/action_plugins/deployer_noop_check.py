@@ -73,6 +73,9 @@ class ActionModule(ActionBase):
         unit_sha, env_sha = (hashlib.sha256(self._render(name, task_vars, bound, expected).encode()).hexdigest()
                              for name in TEMPLATES)
         result.update(plan.noop_check(expected, state, bound, unit_sha, env_sha))
+        if result["noop"]:     # the CLI prints it (deployer/output.py); plain ansible-playbook with -v
+            result["msg"] = ("release %s is already live and serving (unit, env file, venv patches, drafter and "
+                             "/health checked in one round trip); nothing to do" % result["release"])
         return result
 
     def _render(self, name, task_vars, bound, expected):

@@ -96,6 +96,10 @@ patches:
   returned: always
   type: list
   elements: str
+msg:
+  description: The sentence that says there is nothing to do (which release is live and what was checked).
+  returned: when I(noop)
+  type: str
 reasons:
   description: What differs, one sentence each (empty when I(noop)); null when the check could not be made.
   returned: always
