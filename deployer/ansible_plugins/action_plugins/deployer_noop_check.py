@@ -73,9 +73,13 @@ class ActionModule(ActionBase):
         unit_sha, env_sha = (hashlib.sha256(self._render(name, task_vars, bound, expected).encode()).hexdigest()
                              for name in TEMPLATES)
         result.update(plan.noop_check(expected, state, bound, unit_sha, env_sha))
-        if result["noop"]:     # the CLI prints it (deployer/output.py); plain ansible-playbook with -v
-            result["msg"] = ("release %s is already live and serving (unit, env file, venv patches, drafter and "
-                             "/health checked in one round trip); nothing to do" % result["release"])
+        if result["noop"]:
+            # said as a debug task says it: the CLI prints the msg (deployer/output.py), plain ansible-playbook the
+            # result (_ansible_verbose_always, as ansible.builtin.debug sets it); the plan is no longer needed (the
+            # play ends for this host), so the result shown is short
+            result.update(plan=None, _ansible_verbose_always=True,
+                          msg="release %s is already live and serving (unit, env file, venv patches, drafter and "
+                              "/health checked in one round trip); nothing to do" % result["release"])
         return result
 
     def _render(self, name, task_vars, bound, expected):

@@ -80,7 +80,8 @@ noop:
   returned: always
   type: bool
 plan:
-  description: The run's deploy plan (deployer/plan.py), not yet bound to the host's devices; null with bad settings.
+  description: The run's deploy plan (deployer/plan.py), not yet bound to the host's devices; null with bad settings
+    and when I(noop) (nothing follows that needs it).
   returned: always
   type: dict
 release:
