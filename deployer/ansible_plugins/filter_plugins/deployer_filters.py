@@ -100,7 +100,8 @@ def deployer_plan(settings, drafter_manifest=None):
 
 
 def deployer_plan_or_none(settings, drafter_manifest=None):
-    """The plan, or None when the settings are bad (the full path's preflight then reports them)."""
+    """The plan, or None when the settings are bad (the full path's preflight then reports them).  Called by the
+    no-op task (action_plugins/deployer_noop_check.py), not a filter."""
     _trace("made")
     try:
         return plan.make_plan(settings, drafter_manifest or None)
@@ -186,10 +187,7 @@ class FilterModule(object):
     def filters(self):
         return {
             "deployer_plan": deployer_plan,
-            "deployer_plan_or_none": deployer_plan_or_none,
             "deployer_plan_devices": deployer_plan_devices,
-            "deployer_expected_release": plan.expected_release,
-            "deployer_noop": plan.noop_check,
             "release_id": release_id,
             "lock_stale": lock_stale,
             "unknown_settings": settings_check.unknown,
