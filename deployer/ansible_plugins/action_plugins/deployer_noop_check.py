@@ -2,14 +2,17 @@
 
 Plans on this controller, reads the host in one round trip (the ``deployer_state`` module), binds the plan to what
 the host measured, renders the unit and env file here exactly as the render stage will (the same
-``ansible.builtin.template`` lookup on the same templates) and compares them, by sha256, with what runs.  Four tasks
-per host were one worker fork each; on a 2-core controller with 8 hosts those forks were most of the no-op's time
+``ansible.builtin.template`` lookup on the same templates) and compares them, by sha256, with what runs.  When there is
+nothing to do it also records the run: the play's result (``result_from``, set as a fact) and its audit line
+(``audit_line_from``, appended on the host by one shell command over the same connection).  Six tasks per host were
+one worker fork each; on a 2-core controller with 8 hosts those forks were most of the no-op's time
 (docs/benchmarks.md).  The logic is the deployer package's (deployer/plan.py, the filters' own functions): this file
 only wires it.  Documented in modules/deployer_noop_check.py (ansible-core's layout for an action-backed module).
 """
 from __future__ import annotations
 
 import hashlib
+import shlex
 import sys
 from pathlib import Path
 
@@ -18,30 +21,36 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+import yaml  # noqa: E402
 from ansible.errors import AnsibleError  # noqa: E402
 from ansible.plugins.action import ActionBase  # noqa: E402
 from ansible.plugins.loader import lookup_loader  # noqa: E402
+from ansible.template import trust_as_template  # noqa: E402
 
 from deployer import plan  # noqa: E402
 from deployer.ansible_plugins.filter_plugins import deployer_filters as filters  # noqa: E402
+from deployer.ansible_plugins.modules import deployer_noop_check as doc  # noqa: E402
 
 # the templates the render stage writes (roles/render/tasks/main.yml), rendered here only to be hashed
 TEMPLATES = ("engine.service.j2", "engine.env.j2")
+# The arguments are checked against the options the module's documentation declares (one definition; the keys an
+# argument spec takes, the descriptions dropped).
+ARGUMENT_SPEC = {name: {k: v for k, v in opt.items() if k in ("type", "elements", "required", "default", "choices")}
+                 for name, opt in yaml.safe_load(doc.DOCUMENTATION)["options"].items()}
+AUDIT_FILE = "audit.jsonl"     # <root>/audit.jsonl, as tasks/finish.yml appends it
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = True
-    _VALID_ARGS = frozenset(("settings", "settings_unknown", "drafter_src_dir", "root", "service", "secrets",
-                             "device_allow_extra", "templates_dir"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        args = self._task.args
-        missing = [k for k in ("settings", "root", "service", "templates_dir") if args.get(k) in (None, "")]
+        args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)[1]   # a bad argument fails the task here
+        missing = [k for k in ("root", "service", "templates_dir") if not args.get(k)]
         if missing:
-            return dict(result, failed=True, msg="missing required arguments: " + ", ".join(missing))
+            return dict(result, failed=True, msg="empty required arguments: " + ", ".join(missing))
         # bad or unknown settings: no plan, no verdict; the full deploy's preflight says what is wrong
         result.update(changed=False, noop=False, plan=None, release=None, fingerprint=None, patches=None,
                       reasons=None)
@@ -80,7 +89,34 @@ class ActionModule(ActionBase):
             result.update(plan=None, _ansible_verbose_always=True,
                           msg="release %s is already live and serving (unit, env file, venv patches, drafter and "
                               "/health checked in one round trip); nothing to do" % result["release"])
+            self._record(result, args, task_vars)
         return result
+
+    def _record(self, result, args, task_vars):
+        """The run's result and audit line, as the play defines them (its variables ``result_from`` and
+        ``audit_line_from``), evaluated as the play would after this task: with this verdict registered, the run ok,
+        the live release its release.  The result becomes a fact (``deployer_result``, what the CLI reads); the audit
+        line is appended to ``<root>/audit.jsonl`` as tasks/finish.yml appends a lock-free run's (not in check mode).
+        """
+        if not args.get("result_from"):
+            return
+        available = dict(task_vars, deployer_noop=dict(result), deployer_ok=True,
+                         deployer_target_release=result["release"])
+        templar = self._templar.copy_with_new_env(available_variables=available)
+        run_result = templar.template(trust_as_template("{{ %s }}" % args["result_from"]))
+        result["ansible_facts"] = {"deployer_result": run_result}
+        if not args.get("audit_line_from") or self._task.check_mode:
+            return
+        available["deployer_result"] = run_result
+        line = templar.copy_with_new_env(available_variables=available).template(
+            trust_as_template("{{ %s | to_json(sort_keys=true) }}" % args["audit_line_from"]))
+        path = "%s/%s" % (args["root"].rstrip("/"), AUDIT_FILE)
+        res = self._low_level_execute_command("umask 022; printf '%%s\\n' %s >> %s" % (shlex.quote(line),
+                                                                                     shlex.quote(path)))
+        if res.get("rc") != 0:
+            # as the raw task it replaces: a lost audit line is reported, never a failed no-op
+            self._display.warning("could not append the audit line to %s: %s" % (path, (res.get("stderr") or "")
+                                                                                 .strip()[:300]))
 
     def _render(self, name, task_vars, bound, expected):
         """One template as the render stage renders it: its lookup, its variables, its ``ansible_managed``."""

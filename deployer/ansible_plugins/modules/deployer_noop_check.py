@@ -14,7 +14,14 @@ description:
     and the environment file on the controller as the render stage would, and compares everything with what runs.
   - Nothing to do when the planned release is already live byte for byte, the venv carries the patches it was
     verified with, the drafter is complete and unchanged, systemd runs the unit and C(/health) answers 200.
-  - Only reads.
+  - When there is nothing to do it records the run, as the play defines it, so that the play can end for the host
+    without another task, each a worker process per host, most of an 8-host no-op's time on a 2-core controller.
+    It evaluates the play variable named by I(result_from) with its own verdict registered as C(deployer_noop),
+    C(deployer_ok) true and C(deployer_target_release) the live release, and returns it as the fact
+    C(deployer_result); then, not in check mode, it appends the play variable named by I(audit_line_from) (one
+    JSON line) to I(root)/audit.jsonl on the host with one shell command over the same connection.  A line that
+    cannot be appended is a warning, as for a run that holds no lock (C(tasks/finish.yml)).
+  - Otherwise only reads.
 options:
   settings:
     description: The deploy settings as the plan takes them (C(deployer_settings)).
@@ -50,13 +57,23 @@ options:
     description: The directory of C(engine.service.j2) and C(engine.env.j2).
     type: path
     required: true
+  result_from:
+    description: The name of the play variable that defines the run's result (C(deployer_run_result)); empty records
+      no result.
+    type: str
+    default: ""
+  audit_line_from:
+    description: The name of the play variable that defines the run's audit line (C(deployer_audit_line)), made from
+      the result; empty (or no I(result_from)) appends no line.
+    type: str
+    default: ""
 attributes:
   action:
     support: full
-    description: Runs on the controller; its one host round trip is C(deployer_state).
+    description: Runs on the controller; it reaches the host with C(deployer_state) and, on a no-op, one shell command.
   check_mode:
     support: full
-    description: Only reads; runs the same in check mode.
+    description: Only reads in check mode (the result is still returned; no audit line is appended).
   diff_mode:
     support: none
     description: Returns no diff.
@@ -71,6 +88,8 @@ EXAMPLES = r"""
     root: /opt/deployer
     service: deployer-engine
     templates_dir: "{{ playbook_dir }}/../templates"
+    result_from: deployer_run_result
+    audit_line_from: deployer_audit_line
   register: deployer_noop
 """
 
@@ -101,6 +120,15 @@ msg:
   description: The sentence that says there is nothing to do (which release is live and what was checked).
   returned: when I(noop)
   type: str
+ansible_facts:
+  description: When I(noop) and I(result_from) is set, the run's result.
+  returned: when I(noop)
+  type: dict
+  contains:
+    deployer_result:
+      description: The play's I(result_from) variable, evaluated with this task's verdict.
+      type: dict
+      returned: when I(noop) and I(result_from) is set
 reasons:
   description: What differs, one sentence each (empty when I(noop)); null when the check could not be made.
   returned: always
