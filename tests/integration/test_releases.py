@@ -93,10 +93,12 @@ def test_plain_ansible_playbook_without_this_package():
     assert probe.returncode != 0, "the plain-Ansible Python must not have the deployer package"
     live = sh(H, "basename $(readlink /opt/deployer/current)")
     inv = str(sb.STATE / "inventory.yml")
+    lines = len(audit())
     r = subprocess.run([str(bin_ / "ansible-playbook"), "-i", inv, "playbooks/up.yml", "--check"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"release {live} is already live and serving" in flat(r.stdout), r.stdout[-3000:]
+    assert len(audit()) == lines, "a --check no-op writes nothing, not even an audit line"
     # ... and a real deploy of a changed release, every stage, with no deployer package anywhere (issue 24 item 6:
     # only the no-op shortcut was ever run this way)
     pid = main_pid(H)
