@@ -36,7 +36,11 @@ GOOD = {"settings": {"root": "/opt/deployer"}, "root": "/opt/deployer", "service
     ({"settings": "root /opt/deployer"}, "settings"),   # a dict option parses JSON or k=v text, nothing else
     ({"settings_unknown": {"a": 1}}, "settings_unknown"),
     ({"service": None}, "missing required arguments: service"),
-], ids=["unknown", "settings-not-a-dict", "list-not-a-dict", "required"])
+    # a name that goes into a template the plugin evaluates: a name, never an expression
+    ({"result_from": "lookup('pipe', 'id')"}, "result_from: got \"lookup('pipe', 'id')\", expected a variable name"),
+    ({"audit_line_from": "x | default(y)"}, "audit_line_from: got 'x | default(y)', expected a variable name"),
+], ids=["unknown", "settings-not-a-dict", "list-not-a-dict", "required", "result-from-expression",
+        "audit-line-from-filter"])
 def test_a_bad_argument_fails_the_task_and_says_which(tmp_path, bad, says):
     args = {k: v for k, v in {**GOOD, **bad}.items() if v is not None}
     r = play(tmp_path, args)

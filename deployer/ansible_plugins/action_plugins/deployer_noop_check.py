@@ -12,6 +12,7 @@ only wires it.  Documented in modules/deployer_noop_check.py (ansible-core's lay
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -38,6 +39,9 @@ TEMPLATES = ("engine.service.j2", "engine.env.j2")
 ARGUMENT_SPEC = {name: {k: v for k, v in opt.items() if k in ("type", "elements", "required", "default", "choices")}
                  for name, opt in yaml.safe_load(doc.DOCUMENTATION)["options"].items()}
 AUDIT_FILE = "audit.jsonl"     # <root>/audit.jsonl, as tasks/finish.yml appends it
+# result_from / audit_line_from name a play variable; the name goes into a template this plugin evaluates, so it must
+# be a name and nothing else (Jinja's and Ansible's variable names)
+VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ActionModule(ActionBase):
@@ -51,6 +55,10 @@ class ActionModule(ActionBase):
         missing = [k for k in ("root", "service", "templates_dir") if not args.get(k)]
         if missing:
             return dict(result, failed=True, msg="empty required arguments: " + ", ".join(missing))
+        bad = ["%s: got %r, expected a variable name" % (k, args[k]) for k in ("result_from", "audit_line_from")
+               if args.get(k) and not VAR_NAME.fullmatch(args[k])]
+        if bad:
+            return dict(result, failed=True, msg="; ".join(bad))
         # bad or unknown settings: no plan, no verdict; the full deploy's preflight says what is wrong
         result.update(changed=False, noop=False, plan=None, release=None, fingerprint=None, patches=None,
                       reasons=None)

@@ -59,12 +59,12 @@ options:
     required: true
   result_from:
     description: The name of the play variable that defines the run's result (C(deployer_run_result)); empty records
-      no result.
+      no result.  A name only (letters, digits, C(_)); anything else fails the task, as it would be evaluated.
     type: str
     default: ""
   audit_line_from:
     description: The name of the play variable that defines the run's audit line (C(deployer_audit_line)), made from
-      the result; empty (or no I(result_from)) appends no line.
+      the result; empty (or no I(result_from)) appends no line.  A name only, as for I(result_from).
     type: str
     default: ""
 attributes:
