@@ -191,7 +191,8 @@ def test_pruning_keeps_exactly_n():
     assert not any(x.startswith("old") for x in left)
 
 
-def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
+def webhook():
+    """A webhook receiver on this machine: (server, the JSON bodies it got, its URL)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     got = []
@@ -206,9 +207,17 @@ def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
             pass
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    env = dict(__import__("os").environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"))
-    r = deployer("schedule", "add", "--sandbox", "--at", "Sun 03:00", "--if-changed",
-                 "--webhook", f"http://127.0.0.1:{srv.server_address[1]}/hook", env=env)
+    return srv, got, f"http://127.0.0.1:{srv.server_address[1]}/hook"
+
+
+def schedule_env(tmp_path):
+    return dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"))
+
+
+def test_scheduled_if_changed_does_nothing_when_nothing_changed(tmp_path):
+    srv, got, url = webhook()
+    env = schedule_env(tmp_path)
+    r = deployer("schedule", "add", "--sandbox", "--at", "Sun 03:00", "--if-changed", "--webhook", url, env=env)
     assert r.returncode == 0, r.stderr
     sid = r.stdout.split()[1].rstrip(":")
     assert "0 3 * * 0 /usr/bin/env" in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
@@ -442,3 +451,43 @@ def test_a_renamed_unit_is_retired_by_the_next_up_and_a_rollback_crosses_the_ren
         == "same"
     argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
     assert "7168" in argv and "7680" not in argv, argv
+
+
+def test_a_schedule_inside_its_window_deploys_what_changed_and_a_failed_one_calls_its_webhook(tmp_path):
+    """Issue 24's untested promises: a scheduled `up` inside its window deploys (a changed setting: a new release, the
+    server restarted) and says so to its webhook; a scheduled `up` that fails (a read-only check refuses it) exits with
+    the failure's code for cron, posts that code to the webhook, and leaves the live release as it was."""
+    import datetime
+    now = datetime.datetime.now()
+    window = f"{(now - datetime.timedelta(hours=1)):%H:%M}-{(now + datetime.timedelta(hours=1)):%H:%M}"
+    srv, got, url = webhook()
+    env = schedule_env(tmp_path)
+    ids = []
+    try:
+        r = deployer("schedule", "add", "--sandbox", "--at", "daily 03:00", "--window", window, "--webhook", url,
+                     "-e", "deployer_max_model_len=9216", *FAST, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        ids.append(r.stdout.split()[1].rstrip(":"))
+        pid, before = main_pid(H), sh(H, "readlink /opt/deployer/current")
+        r = deployer("schedule", "run", ids[-1], env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        after = sh(H, "readlink /opt/deployer/current")
+        assert after != before and main_pid(H) != pid
+        assert "9216" in json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
+        assert got and got[-1]["exit_code"] == 0 and got[-1]["reason"] != "nothing changed; did nothing", got
+
+        r = deployer("schedule", "add", "--sandbox", "--at", "daily 03:00", "--window", window, "--webhook", url,
+                     "-e", "deployer_max_model_len=9728", "-e", "preflight_disk_margin_gib=100000", *FAST, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        ids.append(r.stdout.split()[1].rstrip(":"))
+        pid = main_pid(H)
+        r = deployer("schedule", "run", ids[-1], env=env)
+        assert r.returncode == 3, r.stdout + r.stderr          # Exit.PREFLIGHT: a read-only check refused it
+        assert got[-1]["exit_code"] == 3 and got[-1]["reason"] == "deploy failed", got[-1]
+        assert sh(H, "readlink /opt/deployer/current") == after and main_pid(H) == pid
+        log = (tmp_path / "st" / "deployer" / f"schedule-{ids[-1]}.log").read_text()
+        assert '"event": "scheduled_up"' in log and '"exit_code": 3' in log
+    finally:
+        for sid in ids:
+            deployer("schedule", "remove", sid, env=env)
+        srv.shutdown()
