@@ -19,6 +19,7 @@ from deployer.cli.targets import (
     Limit,
     Port,
     Sandbox,
+    Serial,
     Target,
     TrustNew,
     User,
@@ -89,8 +90,7 @@ def up(
     check: Annotated[bool, typer.Option("--check", help="Show what would change; change nothing.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file differences (secrets never shown).")] = False,
     extra: Extra = None,
-    serial: Annotated[int, typer.Option("--serial", help="Rolling deploy: N hosts at a time, stop at the first "
-                                                         "failure.")] = 0,
+    serial: Serial = 0,
     no_rollback: Annotated[bool, typer.Option("--no-rollback", help="Leave a failed release in place for "
                                                                      "debugging.")] = False,
     if_changed: Annotated[bool, typer.Option("--if-changed", help="Do nothing when the desired release is already "
@@ -119,13 +119,14 @@ def rollback(
     host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
     inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
     extra: Extra = None,
+    serial: Serial = 0,
     as_json: Json = False,
 ):
     """Go back to the previous (or a named) release without reinstalling: flip, restart, watch, smoke."""
     t = Target(host, port, user, key, inventory, sandbox, limit)
     if to:
         check_release_id(to)
-    raise typer.Exit(run_rollback(t, extra, as_json, to=to, limit=limit))
+    raise typer.Exit(run_rollback(t, extra, as_json, to=to, limit=limit, serial=serial))
 
 
 def check_release_id(to: str) -> str:
@@ -137,11 +138,14 @@ def check_release_id(to: str) -> str:
     return to
 
 
-def run_rollback(t: Target, extra, as_json: bool, to: Optional[str] = None, limit: Optional[str] = None) -> int:
-    """The rollback playbook on ``t`` (``limit``: only these hosts); its exit code.  `rollback` and
-    `status --rollback-if-crash-looping` both run it."""
+def run_rollback(t: Target, extra, as_json: bool, to: Optional[str] = None, limit: Optional[str] = None,
+                 serial: int = 0) -> int:
+    """The rollback playbook on ``t`` (``limit``: only these hosts; ``serial``: N hosts at a time); its exit code.
+    `rollback` and `status --rollback-if-crash-looping` both run it."""
     ev = parse_extra(extra or [])
     ev.update({"deployer_run_pid": os.getpid(), "deployer_rollback_to": to or ""})
+    if serial:
+        ev["deployer_serial"] = serial
     res = runner.run("rollback.yml", t.inventory_path(), ev, limit=limit, on_event=Display(as_json))
     return report(res, as_json, "rollback")
 

@@ -28,6 +28,8 @@ TrustNew = Annotated[bool, typer.Option("--trust-new-host", help="Record an unkn
                                                                   "(a changed key is still refused).")]
 Extra = Annotated[Optional[list[str]], typer.Option("-e", "--extra-vars", help="key=value or @file.yml (repeatable).")]
 Json = Annotated[bool, typer.Option("--json", help="JSON lines on stdout instead of human output.")]
+Serial = Annotated[int, typer.Option("--serial", help="Rolling: N hosts at a time, stop at the first failure (behind a "
+                                                      "balancer, fewer than all: a host must keep serving).")]
 
 
 def die(code: Exit, msg: str) -> NoReturn:

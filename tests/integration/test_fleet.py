@@ -80,8 +80,9 @@ class Recorder:
         return all(at(x) != "ready" for x in (t - margin, t, t + margin))
 
 
-def roll(*args):
-    """A rolling deploy under client load; returns (deployer result, client records, summary, recorder)."""
+def roll(*args, command="up", serial=1):
+    """A rolling deploy (or rollback) under client load; returns (deployer result, client records, summary,
+    recorder)."""
     from deployer.sandbox import hosts as sb
     url = f"http://{sb.host(4).ip}:8000"
     stop = ROOT / ".fleet-stop"
@@ -93,7 +94,7 @@ def roll(*args):
     rec.th.start()
     time.sleep(3)                                    # the load runs before the roll starts ...
     rec.roll_started = time.time() - rec.t0
-    r = deployer("up", "--sandbox", "--serial", "1", *FAST, *args)
+    r = deployer(command, "--sandbox", "--serial", str(serial), *(FAST if command == "up" else ()), *args)
     time.sleep(3)                                    # ... and after it ends
     stop.touch()
     out, _ = client.communicate(timeout=120)
@@ -174,3 +175,46 @@ def test_status_shows_each_hosts_state_in_the_balancer():
     assert all(data[h]["balancer"]["scur"] == 0 for h in GPU)
     r = deployer("status", "--sandbox")
     assert r.stdout.count("balancer: ready, 0 requests in flight") == 3, r.stdout
+
+
+def out_spans(rec, host):
+    """The times ``host`` was seen out of the balancer (any state but ready)."""
+    return [t for t, s in rec.seen[host] if s != "ready"]
+
+
+def test_a_roll_two_hosts_at_a_time_drains_them_together_and_the_third_after():
+    """--serial 2 (issue 24: only --serial 1 was ever rolled for real): sbx1 and sbx2 leave the balancer together,
+    sbx3 serves alone meanwhile and leaves only after both are back; no client request fails."""
+    before = {h: current(h) for h in GPU}
+    r, records, summary, rec = roll("-e", "deployer_max_model_len=49152", serial=2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(current(h) != before[h] for h in GPU)
+    check_clients(records, summary, rec)
+    one, two, three = (out_spans(rec, h) for h in GPU)
+    assert one and two and three, (one[-3:], two[-3:], three[-3:])
+    assert min(two) < max(one) and min(one) < max(two), "sbx1 and sbx2 were out at the same time (one batch)"
+    assert max(one) < min(three) and max(two) < min(three), "sbx3 left only after the first batch was back"
+    assert lb_states() == {h: ["ready", 0] for h in GPU}
+
+
+def test_a_fleet_rollback_rolls_one_host_at_a_time_behind_the_balancer():
+    """`deployer rollback --serial 1` on the fleet (issue 24: rollback was never run on a fleet): each host back to its
+    release before the last roll, drained before its restart and back after it, one at a time, no client error;
+    without --serial it is refused before anything changes (it would take every server out at once)."""
+    before = {h: current(h) for h in GPU}
+    r = deployer("rollback", "--sandbox")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "would leave no server ready in backend llm" in r.stdout + r.stderr
+    assert {h: current(h) for h in GPU} == before
+    previous = {h: sh(h, "readlink /opt/deployer/previous | xargs basename") for h in GPU}
+    r, records, summary, rec = roll(command="rollback")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {h: current(h) for h in GPU} == previous
+    check_clients(records, summary, rec)
+    for h in GPU:
+        states = [s for _t, s in rec.seen[h]]
+        assert "drain" in states and states[-1] == "ready", (h, states[-5:])
+    spans = {h: out_spans(rec, h) for h in GPU}
+    for a, b in itertools.combinations(GPU, 2):
+        assert max(spans[a]) < min(spans[b]) or max(spans[b]) < min(spans[a]), (a, b)
+    assert lb_states() == {h: ["ready", 0] for h in GPU}
