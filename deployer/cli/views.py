@@ -145,8 +145,9 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
                   + (f"; [yellow]locked[/] by {lock.get('user')}@{lock.get('controller')}" if lock else ""))
         lb = st.get("balancer")
         if lb:
-            out.print(f"  balancer: {lb.get('state')}, {lb.get('scur')} requests in flight"
-                      + (f" ({lb['error']})" if lb.get("error") else ""))
+            held = lb.get("admin") not in (None, "ready", lb.get("state"))   # e.g. down, and drained: no request
+            out.print(f"  balancer: {lb.get('state')}" + (f" (set {lb['admin']})" if held else "")
+                      + f", {lb.get('scur')} requests in flight" + (f" ({lb['error']})" if lb.get("error") else ""))
     if rollback_if_crash_looping and looping:
         _rollback_crash_loops(t, looping, extra, as_json)
     raise typer.Exit(int(Exit.FAILED) if bad else 0)

@@ -3,8 +3,9 @@
 
 Standard library only: used on the balancer host by the ``balancer_server`` module and on the controller by the
 tests (against a real HAProxy).  Commands are HAProxy's own (management guide, "Unix Socket commands"):
-``show stat`` (CSV: ``pxname,svname,...,scur,...,status,...``), ``set server <backend>/<server> state
-ready|drain|maint``.
+``show stat`` (CSV: ``pxname,svname,...,scur,...,status,...``), ``show servers state <backend>`` (one line per
+server, space-separated, ``srv_admin_state`` a bit field: what ``set server`` set, whatever the health checks
+say), ``set server <backend>/<server> state ready|drain|maint``.
 """
 from __future__ import annotations
 
@@ -47,13 +48,42 @@ def parse_stat(text):
     return rows
 
 
+# srv_admin_state bits (HAProxy's include/haproxy/server-t.h, enum srv_admin): forced, inherited, configured,
+# resolution and hostname maintenance; forced and inherited drain
+ADMIN_MAINT_BITS = 0x01 | 0x02 | 0x04 | 0x20 | 0x40
+ADMIN_DRAIN_BITS = 0x08 | 0x10
+
+
+def parse_servers_state(text):
+    """``show servers state`` -> {server name: admin state word (ready | drain | maint)}: the first line is the
+    format version, the second the ``# ``-prefixed field names, then one space-separated line per server."""
+    lines = [x for x in text.splitlines() if x.strip()]
+    header = next((x[2:].split() for x in lines if x.startswith("# ")), None)
+    if not header:
+        return {}
+    out = {}
+    for line in lines:
+        fields = line.split()
+        if line.startswith("#") or len(fields) < len(header):
+            continue
+        row = {name: fields[i] for i, name in enumerate(header)}
+        bits = int(row.get("srv_admin_state") or 0)
+        out[row["srv_name"]] = ("maint" if bits & ADMIN_MAINT_BITS else "drain" if bits & ADMIN_DRAIN_BITS
+                                else "ready")
+    return out
+
+
 def servers(sock_path, backend):
-    """{server name: {status, scur (in-flight requests), weight}} of one backend."""
+    """{server name: {status, scur (in-flight requests), weight, admin}} of one backend; ``admin`` is what ``set
+    server`` set (ready | drain | maint), which ``status`` hides while the server's health checks fail (DOWN)."""
     out = {}
     for r in parse_stat(command(sock_path, "show stat")):
         if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND"):
             out[r["svname"]] = {"status": r.get("status", ""), "scur": int(r.get("scur") or 0),
                                 "weight": int(r.get("weight") or 0)}
+    admin = parse_servers_state(command(sock_path, "show servers state %s" % backend))
+    for name, row in out.items():
+        row["admin"] = admin.get(name, "ready")
     return out
 
 

@@ -47,6 +47,17 @@ options:
     type: list
     elements: str
     default: []
+  only_from:
+    description:
+      - Act only when the server's administrative state now (what C(set server ... state) set - C(ready),
+        C(drain) or C(maint) - whatever its health checks say) is one of these; in any other it is left as it is
+        (C(changed) false).  Empty, the default, acts from any state.
+      - A deploy with nothing to do puts back with C([drain]) a server a run left drained (a rollback that failed
+        too, a run that died), never one an operator put in C(maint).
+    type: list
+    elements: str
+    choices: [ready, drain, maint]
+    default: []
 attributes:
   check_mode:
     support: full
@@ -70,7 +81,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 servers:
-  description: The backend's servers after the change, by name (state ready/drain/maint/down, status, scur).
+  description: The backend's servers after the change, by name (state ready/drain/maint/down, status, scur, admin
+    ready/drain/maint).
   returned: always
   type: dict
 before:
@@ -109,7 +121,9 @@ def main():
                            state=dict(type="str", choices=["ready", "drain", "maint", "query"], default="query"),
                            wait_idle_seconds=dict(type="int", default=300),
                            wait_up_seconds=dict(type="int", default=30),
-                           also_leaving=dict(type="list", elements="str", default=[])),
+                           also_leaving=dict(type="list", elements="str", default=[]),
+                           only_from=dict(type="list", elements="str", default=[],
+                                          choices=["ready", "drain", "maint"])),
         supports_check_mode=True,
     )
     p = module.params
@@ -130,6 +144,9 @@ def main():
                                  p["server"], p["backend"],
                                  ", ".join("%s %s" % (n, state_word(r["status"])) for n, r in sorted(rows.items()))),
                              servers=view(rows))
+        if p["only_from"] and rows[p["server"]]["admin"] not in p["only_from"]:
+            module.exit_json(changed=False, servers=view(rows), before=before, after=before, waited_seconds=0.0,
+                             in_flight_left=rows[p["server"]]["scur"])
         changed = before != want
         diff = {"before": "%s: %s\n" % (p["server"], before), "after": "%s: %s\n" % (p["server"], want)}
         if module.check_mode:
