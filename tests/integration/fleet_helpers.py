@@ -25,11 +25,16 @@ def fleet_hosts():
         yield sb
 
 
+def on_balancer(code):
+    """Run ``code`` on the balancer host with haproxy_runtime imported as ``h`` (the module's own reader and
+    writer, against the real HAProxy); its stdout."""
+    return sh(LB, f"PYTHONPATH={ROOT} python3 -c 'import json; from deployer.ansible_plugins.module_utils import "
+                  f"haproxy_runtime as h; {code}'")
+
+
 def lb_servers():
     """The balancer's rows for each host, as the module reads them (haproxy_runtime.servers on the balancer host)."""
-    out = sh(LB, f"PYTHONPATH={ROOT} python3 -c 'import json; from deployer.ansible_plugins.module_utils import "
-                 "haproxy_runtime as h; print(json.dumps(h.servers(\"/run/haproxy/admin.sock\", \"llm\")))'")
-    return json.loads(out)
+    return json.loads(on_balancer('print(json.dumps(h.servers("/run/haproxy/admin.sock", "llm")))'))
 
 
 def lb_states():
@@ -45,16 +50,11 @@ def lb_admin():
 
 def lb_set(host, state):
     """`set server llm/<host> state <state>` on the balancer, as an operator (or a run that died) leaves it."""
-    sh(LB, f"PYTHONPATH={ROOT} python3 -c 'from deployer.ansible_plugins.module_utils import haproxy_runtime as h; "
-           f"h.set_state(\"/run/haproxy/admin.sock\", \"llm\", \"{host}\", \"{state}\")'")
+    on_balancer(f'h.set_state("/run/haproxy/admin.sock", "llm", "{host}", "{state}")')
 
 
 def current(host):
     return sh(host, "readlink /opt/deployer/current | xargs basename")
-
-
-def main_pid(host):
-    return sh(host, "systemctl show -p MainPID --value deployer-engine")
 
 
 class Recorder:

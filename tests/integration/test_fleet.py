@@ -18,11 +18,10 @@ from fleet_helpers import (
     lb_admin,
     lb_set,
     lb_states,
-    main_pid,
     out_spans,
     roll,
 )
-from sandbox_helpers import FAST, deployer, needs_sandbox, sh
+from sandbox_helpers import FAST, deployer, main_pid, needs_sandbox, sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 
