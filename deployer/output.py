@@ -11,14 +11,40 @@ every event, so nothing here depends on task names.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import ProgressColumn
 from rich.text import Text
+
+# What a terminal would act on, in text a host, an engine or a model wrote: C0 but tab and line feed (ESC starts
+# CSI/OSC sequences: clear the screen, set the title, OSC 52 writes the clipboard), DEL, C1 (U+009B is a one-byte
+# CSI), the Unicode line ends, and the bidirectional overrides that make a line read other than its bytes.
+_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+SHOWN_CHARS = 16000     # a 40-line journal tail fits; one 48 KB journal line does not flood the terminal
+
+
+def literal(text, block: bool = True, limit: int = SHOWN_CHARS) -> str:
+    """Text from a host shown as data: terminal control removed (line feed and tab kept in a ``block``, all
+    blank runs made one space otherwise), at most ``limit`` characters.  For ``Console.out`` (no markup)."""
+    text = _TERMINAL_CONTROL.sub("", str(text))
+    if not block:
+        text = " ".join(text.split())
+    if len(text) > limit:
+        text = f"{text[:limit]} ... ({len(text) - limit} more characters not shown)"
+    return text
+
+
+def lit(text, block: bool = False) -> str:
+    """``literal`` and escaped for Rich markup: a host's words inside a line that has markup of its own
+    (``[/INST]``, ``[/]`` or ``[rank0]:`` print as written, never as a style or a MarkupError)."""
+    return escape(literal(text, block))
+
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 # a pipe or a log file gets every column of a table (rich would squeeze it into 80)
@@ -102,6 +128,7 @@ class Display:
         self.bars: dict = {}
         if not as_json and self.con.is_terminal:
             from rich.progress import BarColumn, Progress, TextColumn
+            # host and description are escaped where they are set (lit)
             self.live = Progress(TextColumn("[magenta]{task.fields[host]}[/]"), TextColumn("{task.description}"),
                                  BarColumn(), TextColumn("{task.fields[detail]}"), _EtaColumn(),
                                  console=self.con, transient=True)
@@ -135,11 +162,11 @@ class Display:
                        "seconds": round(secs, 2), "notes": st.notes})
             return
         color = {"failed": "red", "changed": "yellow", "unchanged": "green", "skipped": "dim"}[st.outcome()]
-        first = st.notes[0] if st.notes else ""
-        self.line(f"[dim]{time.time() - self.t0:6.1f}s[/] [magenta]{host}[/] {st.name:<9} "
+        first = lit(st.notes[0]) if st.notes else ""
+        self.line(f"[dim]{time.time() - self.t0:6.1f}s[/] [magenta]{lit(host)}[/] {st.name:<9} "
                   f"[{color}]{st.outcome():<9}[/] {secs:5.1f}s  {first}")
         for n in st.notes[1:]:
-            self.line(f"{'':>47}{n}")
+            self.line(f"{'':>47}{lit(n)}")
 
     def _note(self, host: str, stage: str | None, msg) -> None:
         text = " ".join(str(m) for m in msg) if isinstance(msg, list) else str(msg)
@@ -151,7 +178,7 @@ class Display:
         elif self.as_json:
             self.emit({"event": "note", "host": host, "msg": text})
         else:
-            self.line(f"[dim]{time.time() - self.t0:6.1f}s[/] [magenta]{host}[/] {text}")
+            self.line(f"[dim]{time.time() - self.t0:6.1f}s[/] [magenta]{lit(host)}[/] {lit(text)}")
 
     # ------------------------------------------------------------------ the load
     def phase(self, host: str, res: dict) -> None:
@@ -175,18 +202,18 @@ class Display:
             return
         pct = res.get("percent")
         prog = f" ({res['progress'][0]}/{res['progress'][1]})" if res.get("progress") else ""
-        title = res.get("phase_title", res.get("phase"))
+        title = lit(res.get("phase_title", res.get("phase")))
         elapsed = f"{res.get('elapsed_seconds', 0):.0f}s"
         eta, overdue = res.get("eta_seconds"), res.get("overdue_seconds")
         if self.live:
             if not self.live.live.is_started:
                 self.live.start()
             label = "prewarm" if res.get("phase") == "prewarm" else "load"
-            fields = dict(description=f"{label}: {title}{prog}", total=100 if pct is not None else None,
+            fields = dict(description=f"{label}: {title}{lit(prog)}", total=100 if pct is not None else None,
                           completed=pct or 0, detail=elapsed,
                           eta_at=(time.time() + eta) if eta is not None else None, overdue=overdue)
             if host not in self.bars:
-                self.bars[host] = self.live.add_task(fields.pop("description"), host=host, **fields)
+                self.bars[host] = self.live.add_task(fields.pop("description"), host=lit(host), **fields)
             else:
                 self.live.update(self.bars[host], **fields)
         else:
@@ -194,7 +221,7 @@ class Display:
             e = eta_text(eta, overdue)
             label = "prewarm" if res.get("phase") == "prewarm" else "load"
             eta = ", " + e if e else ""
-            self.line(f"{'':>8}[magenta]{host}[/] {label}: {title}{pct_s}{prog} [dim]{elapsed}{eta}[/]")
+            self.line(f"{'':>8}[magenta]{lit(host)}[/] {label}: {title}{pct_s}{lit(prog)} [dim]{elapsed}{eta}[/]")
 
     def _passed_phase(self, host: str, phase: str, seconds, res: dict) -> None:
         if self.as_json:
@@ -205,7 +232,8 @@ class Display:
             from deployer.ansible_plugins.module_utils.engine_logs import PHASE_TITLES
             label = "prewarm" if phase == "prewarm" else "load"
             took = f"{float(seconds):.0f}s" if isinstance(seconds, (int, float)) else "?"
-            self.line(f"{'':>8}[magenta]{host}[/] {label}: {PHASE_TITLES.get(phase, phase)} done [dim]{took}[/]")
+            self.line(f"{'':>8}[magenta]{lit(host)}[/] {label}: {lit(PHASE_TITLES.get(phase, phase))} done "
+                      f"[dim]{took}[/]")
 
     def _watch_done(self, host: str, res: dict) -> None:
         if self.live and host in self.bars:
@@ -270,8 +298,8 @@ class Display:
                                          str(d.get("before_header") or "before"), str(d.get("after_header") or "after"))
             text = "".join(lines).rstrip("\n")
             if text:
-                self.line(f"{'':>8}[magenta]{host}[/] diff:")
-                (self.live.console if self.live else self.con).out(text, highlight=False)
+                self.line(f"{'':>8}[magenta]{lit(host)}[/] diff:")
+                (self.live.console if self.live else self.con).out(literal(text), highlight=False)
 
     def _verbose_task(self, data: dict, kind: str) -> None:
         if not self.verbose or self.as_json:
@@ -280,7 +308,7 @@ class Display:
         if uuid in self.tasks_shown or task.startswith("Validating arguments against arg spec"):
             return
         self.tasks_shown.add(uuid)
-        self.line(f"[dim]{time.time() - self.t0:6.1f}s   task: {data.get('role') or 'play'} / {task}[/]")
+        self.line(f"[dim]{time.time() - self.t0:6.1f}s   task: {lit(data.get('role') or 'play')} / {lit(task)}[/]")
 
 
 class _EtaColumn(ProgressColumn):

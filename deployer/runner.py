@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -185,10 +186,17 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
     collect = Collector()
     trace = _trace_writer()
 
+    shown = [on_event]
+
     def handler(ev: dict) -> None:
         collect(ev)
-        if on_event:
-            on_event(ev)
+        if shown[0]:
+            try:
+                shown[0](ev)
+            except Exception as e:  # noqa: BLE001 - the display must never stop the playbook (mid-rollback)
+                shown[0] = None
+                sys.stderr.write(f"deployer: the display failed ({type(e).__name__}: {str(e)[:500]!r}); it is off for "
+                                 "the rest of this run, the playbook goes on; its result follows\n")
         if trace:
             trace(ev)
 

@@ -26,7 +26,7 @@ from deployer.cli.targets import (
     die,
     parse_extra,
 )
-from deployer.output import Display, err, out
+from deployer.output import Display, err, lit, literal, out
 from deployer.runner import Exit
 
 
@@ -65,18 +65,18 @@ def report(res: runner.Result, as_json: bool, what: str) -> int:
     if stopped:
         err.print(f"[bold red]{what} {stopped}[/]", highlight=False)
     for f in res.failures:
-        err.print(f"[bold red]{f.host}: {f.role or 'play'} / {f.task}[/]", highlight=False)
-        err.out(f.msg, highlight=False)
+        err.print(f"[bold red]{lit(f.host)}: {lit(f.role or 'play')} / {lit(f.task)}[/]", highlight=False)
+        err.out(literal(f.msg), highlight=False)
     if code == Exit.OK:
         for h, r in sorted(results.items()):
             state = ("unchanged, nothing restarted" if r.get("release_was_live") and not r.get("restarted")
                      else "would be deployed (check mode: nothing changed)" if r.get("check_mode") else "deployed")
             acc = (f"; EAGLE-3 acceptance rate {r['acceptance_rate']}, mean acceptance length "
                    f"{r.get('mean_acceptance_length')}") if r.get("acceptance_rate") is not None else ""
-            out.print(f"[bold green]{h}[/]: release {r.get('release') or '?'} {state}{acc}")
+            out.print(f"[bold green]{lit(h)}[/]: release {lit(r.get('release') or '?')} {state}{lit(acc)}")
     if res.refusal():
         err.print("[bold red]ansible-playbook refused to run[/] (nothing was changed):", highlight=False)
-        err.out("\n".join(res.refusal()), highlight=False)
+        err.out(literal("\n".join(res.refusal())), highlight=False)
     elif not res.processed():
         err.print("[bold red]no host matched[/] (check the inventory, the 'gpu' group and --limit)")
     if code != Exit.OK:

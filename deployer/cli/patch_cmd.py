@@ -10,7 +10,7 @@ import typer
 
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
 from deployer.cli.targets import Json, die
-from deployer.output import out
+from deployer.output import lit, out
 from deployer.runner import Exit
 
 app = typer.Typer(no_args_is_help=True, help="The EAGLE-3 patch engine (P1-P5) on a local vLLM install.")
@@ -58,7 +58,8 @@ def _run(action: str, root: Optional[str], python: Optional[str], as_json: bool)
         return
     if action == "diff":
         sys.stdout.write(res["diff"])
-    out.print(f"{where}: {res['msg']}" + (f" (fingerprint {res['fingerprint']})" if res.get("fingerprint") else ""))
+    fp = f" (fingerprint {res['fingerprint']})" if res.get("fingerprint") else ""
+    out.print(lit(f"{where}: {res['msg']}{fp}"))
 
 
 def _command(action: str, doc: str):

@@ -10,7 +10,7 @@ import typer
 
 from deployer import schedule as sc
 from deployer.cli.targets import SECRET_ENV, Extra, Host, Inventory, Json, Key, Port, Sandbox, Target, User, die
-from deployer.output import out
+from deployer.output import lit, out
 from deployer.runner import Exit
 
 app = typer.Typer(no_args_is_help=True, help="Scheduled redeploys (systemd timer, or cron without systemd).")
@@ -52,7 +52,7 @@ def add(
     items = sc.load()
     items[s.id] = s
     sc.save(items)
-    out.print(f"schedule {s.id}: {how}; log {s.log_path()}")
+    out.print(lit(f"schedule {s.id}: {how}; log {s.log_path()}"))
 
 
 def secret_in_extra(extra: list[str]) -> str:
@@ -83,7 +83,7 @@ def list_(as_json: Json = False):
         sys.stdout.write(json.dumps([sc.public_view(v) for v in items.values()]) + "\n")
         return
     for s in items.values():
-        out.print(f"{s.id}  at {s.at}  {' '.join(s.target)}  if-changed={s.if_changed}  window={s.window or '-'}")
+        out.print(lit(f"{s.id}  at {s.at}  {' '.join(s.target)}  if-changed={s.if_changed}  window={s.window or '-'}"))
 
 
 @app.command("remove")

@@ -11,7 +11,7 @@ from typing import Annotated, NoReturn, Optional
 import typer
 import yaml
 
-from deployer.output import err
+from deployer.output import err, lit
 from deployer.runner import SECRET_ENV, Exit
 
 # Secret settings: never stored in schedules, never printed; also settable from the environment.
@@ -33,7 +33,7 @@ Serial = Annotated[int, typer.Option("--serial", help="Rolling: N hosts at a tim
 
 
 def die(code: Exit, msg: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {msg}")
+    err.print(f"[bold red]error:[/] {lit(msg, block=True)}")
     raise typer.Exit(int(code))
 
 

@@ -25,7 +25,7 @@ from deployer.cli.targets import (
     die,
     parse_extra,
 )
-from deployer.output import out
+from deployer.output import lit, out
 from deployer.runner import Exit
 
 
@@ -80,20 +80,20 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
         sys.stdout.write(json.dumps(data, default=str) + "\n")
         return
     for h, st in sorted(data.items()):
-        t = Table(title=f"{h}: releases")
+        t = Table(title=f"{lit(h)}: releases")
         for c in ("", "id", "engine", "patch", "result", "deployed", "down s", "load s", "prewarm s", "compile",
                   "accept", "API"):
             t.add_column(c, no_wrap=True)
         for r in st.get("releases", []):   # newest first (deployer_state sorts them)
             mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
-            t.add_row(mark, r["id"], _engine(r), str(r.get("patch_fingerprint") or "native")[:12],
-                      str(r.get("result") or "-"), _ts(r.get("deployed_at")),
-                      _num((r.get("downtime") or {}).get("seconds")),
-                      _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
-                      _num(r.get("acceptance_rate")), _api(r.get("api_protected")))
+            t.add_row(*(lit(c) for c in (
+                mark, r["id"], _engine(r), str(r.get("patch_fingerprint") or "native")[:12],
+                str(r.get("result") or "-"), _ts(r.get("deployed_at")), _num((r.get("downtime") or {}).get("seconds")),
+                _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
+                _num(r.get("acceptance_rate")))), _api(r.get("api_protected")))
         out.print(t)
         if st.get("lock"):
-            out.print(f"[yellow]locked[/] by {st['lock']}")
+            out.print(f"[yellow]locked[/] by {lit(st['lock'])}")
 
 
 def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
@@ -118,36 +118,40 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
         unit = st.get("unit") or {}
         spec = st.get("spec") or {}
         gpu = st.get("gpu_memory_used_mib") or []
-        out.print(f"[bold]{h}[/]: release {st.get('current') or '-'} (previous {st.get('previous') or '-'}); "
-                  f"unit {unit.get('ActiveState', '?')} since {unit.get('ActiveEnterTimestamp') or '-'}, "
-                  f"restarts {unit.get('NRestarts', '?')}; health {st.get('health')}")
+        out.print(f"[bold]{lit(h)}[/]: release {lit(st.get('current') or '-')} (previous "
+                  f"{lit(st.get('previous') or '-')}); unit {lit(unit.get('ActiveState', '?'))} since "
+                  f"{lit(unit.get('ActiveEnterTimestamp') or '-')}, restarts {lit(unit.get('NRestarts', '?'))}; "
+                  f"health {lit(st.get('health'))}")
         fatal = st.get("last_fatal") or {}
         if st.get("crash_loop"):
-            out.print(f"  [red]CRASH LOOP[/]: systemd restarted the server {unit.get('NRestarts')} times "
-                      f"(limit {st.get('crash_loop_restarts')})"
-                      + (f"; last fatal ({fatal.get('kind')}): {fatal.get('line')}" if fatal
+            out.print(f"  [red]CRASH LOOP[/]: systemd restarted the server {lit(unit.get('NRestarts'))} times "
+                      f"(limit {lit(st.get('crash_loop_restarts'))})"
+                      + (f"; last fatal ({lit(fatal.get('kind'))}): {lit(fatal.get('line'))}" if fatal
                          else "; no fatal line logged")
-                      + (f"; roll back to {st['previous']}: deployer rollback (or status --rollback-if-crash-looping)"
+                      + (f"; roll back to {lit(st['previous'])}: deployer rollback (or status "
+                         "--rollback-if-crash-looping)"
                          if st.get("previous") else "; no previous release to roll back to"))
         elif fatal and int(unit.get("NRestarts") or 0):
-            out.print(f"  last fatal ({fatal.get('kind')}, {fatal.get('runs_ago')} run(s) ago): {fatal.get('line')}")
+            out.print(f"  last fatal ({lit(fatal.get('kind'))}, {lit(fatal.get('runs_ago'))} run(s) ago): "
+                      f"{lit(fatal.get('line'))}")
         live = next((r for r in st.get("releases", []) if r["id"] == st.get("current")), {})
         down = (live.get("downtime") or {}).get("seconds")
         api = live.get("api_protected")
         out.print("  API " + ("protected (API key or loopback only)" if api else
                               "[red]OPEN[/] to the network (no API key)" if api is not None else "protection unknown")
-                  + f"; last deploy: downtime {_num(down)} s, load {_num(live.get('load_seconds'))} s, "
-                  f"prewarm {_prewarm(live.get('prewarm'))} s, compile cache {live.get('compile_cache') or '-'}"
-                  + _phases(live.get("phase_seconds")))
+                  + lit(f"; last deploy: downtime {_num(down)} s, load {_num(live.get('load_seconds'))} s, "
+                        f"prewarm {_prewarm(live.get('prewarm'))} s, compile cache {live.get('compile_cache') or '-'}"
+                        + _phases(live.get("phase_seconds"))))
         lock = st.get("lock")
-        out.print(f"  GPU memory in use: {sum(gpu)} MiB over {len(gpu)} GPUs; EAGLE-3 acceptance rate "
-                  f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}"
-                  + (f"; [yellow]locked[/] by {lock.get('user')}@{lock.get('controller')}" if lock else ""))
+        out.print(lit(f"  GPU memory in use: {sum(gpu)} MiB over {len(gpu)} GPUs; EAGLE-3 acceptance rate "
+                      f"{spec.get('acceptance_rate')}, mean acceptance length {spec.get('mean_acceptance_length')}")
+                  + (f"; [yellow]locked[/] by {lit(lock.get('user'))}@{lit(lock.get('controller'))}" if lock else ""))
         lb = st.get("balancer")
         if lb:
             held = lb.get("admin") not in (None, "ready", lb.get("state"))   # e.g. down, and drained: no request
-            out.print(f"  balancer: {lb.get('state')}" + (f" (set {lb['admin']})" if held else "")
-                      + f", {lb.get('scur')} requests in flight" + (f" ({lb['error']})" if lb.get("error") else ""))
+            why = f" ({lb['error']})" if lb.get("error") else ""
+            out.print(lit(f"  balancer: {lb.get('state')}" + (f" (set {lb['admin']})" if held else "")
+                          + f", {lb.get('scur')} requests in flight{why}"))
     if rollback_if_crash_looping and looping:
         _rollback_crash_loops(t, looping, extra, as_json)
     raise typer.Exit(int(Exit.FAILED) if bad else 0)
@@ -158,7 +162,7 @@ def _rollback_crash_loops(t: Target, hosts: list[str], extra, as_json: bool):
     exits with the rollback's code."""
     from deployer.cli.deploy import run_rollback
     if not as_json:
-        out.print(f"rolling back (crash loop): {', '.join(hosts)}")
+        out.print(lit(f"rolling back (crash loop): {', '.join(hosts)}"))
     raise typer.Exit(run_rollback(t, extra, as_json, limit=",".join(hosts)))
 
 
