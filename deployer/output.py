@@ -201,7 +201,7 @@ class Display:
                        "eta_seconds": res.get("eta_seconds"), "overdue_seconds": res.get("overdue_seconds")})
             return
         pct = res.get("percent")
-        prog = f" ({res['progress'][0]}/{res['progress'][1]})" if res.get("progress") else ""
+        prog = f" ({lit(res['progress'][0])}/{lit(res['progress'][1])})" if res.get("progress") else ""
         title = lit(res.get("phase_title", res.get("phase")))
         elapsed = f"{res.get('elapsed_seconds', 0):.0f}s"
         eta, overdue = res.get("eta_seconds"), res.get("overdue_seconds")
@@ -209,7 +209,7 @@ class Display:
             if not self.live.live.is_started:
                 self.live.start()
             label = "prewarm" if res.get("phase") == "prewarm" else "load"
-            fields = dict(description=f"{label}: {title}{lit(prog)}", total=100 if pct is not None else None,
+            fields = dict(description=f"{label}: {title}{prog}", total=100 if pct is not None else None,
                           completed=pct or 0, detail=elapsed,
                           eta_at=(time.time() + eta) if eta is not None else None, overdue=overdue)
             if host not in self.bars:
