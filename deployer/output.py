@@ -221,7 +221,7 @@ class Display:
             e = eta_text(eta, overdue)
             label = "prewarm" if res.get("phase") == "prewarm" else "load"
             eta = ", " + e if e else ""
-            self.line(f"{'':>8}[magenta]{lit(host)}[/] {label}: {title}{pct_s}{lit(prog)} [dim]{elapsed}{eta}[/]")
+            self.line(f"{'':>8}[magenta]{lit(host)}[/] {label}: {title}{pct_s}{prog} [dim]{elapsed}{eta}[/]")
 
     def _passed_phase(self, host: str, phase: str, seconds, res: dict) -> None:
         if self.as_json:
