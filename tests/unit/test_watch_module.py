@@ -98,3 +98,19 @@ def test_a_slow_health_answer_is_waited_for_as_long_as_the_engine_says():
         assert engine_watch.health(port, timeout=sglang_t) == 200      # SGLang's: waited for
     finally:
         srv.shutdown()
+
+
+def test_the_tail_a_failed_load_reports_is_capped_and_holds_no_key():
+    """The tail goes into the failure message, --json, schedule logs and webhooks (issue 40, F2/F5)."""
+    lines = [{"MESSAGE": "server_args={'api_key': 'sk-S3CRET', 'port': 1}", "__MONOTONIC_TIMESTAMP": "1000000"},
+             {"MESSAGE": "x" * 40000, "__MONOTONIC_TIMESTAMP": "2000000"}]
+    journal = "\n".join(json.dumps(x) for x in lines)
+
+    class Dead(UnitModule):
+        def run_command(self, args):
+            return super().run_command(args) if args[0] == "systemctl" else (0, journal, "")
+    res = engine_watch.look(Dead(ActiveState="failed", SubState="failed", MainPID="0", ExecMainStatus="1"),
+                            dict(P, host="127.0.0.1", health_timeout_seconds=1))
+    assert res["state"] == "crashed"
+    assert "S3CRET" not in json.dumps(res) and "<redacted>" in res["tail"][0]
+    assert len(res["tail"][1]) == engine_logs.LINE_CHARS

@@ -129,7 +129,15 @@ tail:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.engine_logs import RULESETS, LoadState, advice, eta_seconds, journal_entry, overdue_seconds
+from ansible.module_utils.engine_logs import (
+    LINE_CHARS,
+    RULESETS,
+    LoadState,
+    advice,
+    eta_seconds,
+    journal_entry,
+    overdue_seconds,
+)
 from ansible.module_utils.host_io import http_get, systemd_show
 
 TAIL = 40
@@ -195,7 +203,7 @@ def look(module, p):
     now = time.clock_gettime(time.CLOCK_MONOTONIC)
     snap = st.snapshot(now)
     elapsed = now - started if started else 0.0
-    tail = [m for _t, m in entries][-TAIL:]
+    tail = [m[:LINE_CHARS] for _t, m in entries[-TAIL:]]      # redacted by journal_entry; a hostile line capped
     res = dict(phase=snap["phase"], phase_title=snap["phase_title"], percent=snap["percent"],
                progress=snap["progress"], phase_seconds=snap["phase_seconds"], facts=snap["facts"],
                warnings=snap["warnings"], elapsed_seconds=round(elapsed, 1), pid=props.get("MainPID"),

@@ -7,7 +7,8 @@ entry, when the bar ends: for the minutes the bar runs, whoever follows the jour
 This wrapper is the unit's main process when ``deployer_log_line_splitter`` is on (the default).  It:
   * runs the engine with its stdout and stderr on one pipe, so their order is the order the engine wrote;
   * writes every piece that ends in "\\r" or "\\n" to its own stdout (the journal) as a line of its own,
-    trailing blanks (tqdm's overwrite padding) removed, blank pieces dropped;
+    trailing blanks (tqdm's overwrite padding) removed, blank pieces dropped, the value of a secret setting
+    (api_key, admin_api_key, hf_token, --api-key) replaced by <redacted>;
   * forwards the signals systemd sends (SIGTERM on stop, as KillMode=mixed sends it to the main process only);
   * exits as the engine did: the same exit code, or killed by the same signal, so systemd's Restart= and the
     deployer's watch see the engine's own end.
@@ -29,6 +30,19 @@ MAX_PIECE_BYTES = 16384            # a piece with no line end yet is written out
 DRAIN_AFTER_EXIT_SECONDS = 2.0     # processes the engine left behind may hold the pipe; stop waiting for them
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _ENDS = re.compile(rb"[\r\n]")
+# A secret where the engine prints its configuration (SGLang logs server_args, its API key in it, at start-up):
+# the pattern of module_utils/engine_logs.py's SECRET_SETTING, on bytes; the value becomes <redacted>.
+_SECRET_SETTING = re.compile(rb"""((?:admin_)?api_key|hf_token)(['"]?\s*[:=]\s*)"""
+                             rb"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,)}\]]+)"""
+                             rb"""|(--(?:admin-)?api-key)(=|\s+)(\S+)""")
+_NOT_SECRET = (b"None", b"null", b"''", b'""')
+
+
+def redact(line):
+    def sub(m):
+        name, sep, value = (m.group(1), m.group(2), m.group(3)) if m.group(1) else m.group(4, 5, 6)
+        return name + sep + (value if value in _NOT_SECRET else b"<redacted>")
+    return _SECRET_SETTING.sub(sub, line)
 
 
 def split(buf):
@@ -39,7 +53,7 @@ def split(buf):
     if len(rest) >= MAX_PIECE_BYTES:
         lines.append(rest)
         rest = b""
-    return [p for p in lines if p.strip()], rest
+    return [redact(p) for p in lines if p.strip()], rest
 
 
 def write_lines(fd, lines):
@@ -87,7 +101,7 @@ def run(argv, out_fd=1):
         elif time.monotonic() >= exited_at + DRAIN_AFTER_EXIT_SECONDS:
             break
     if rest.strip():
-        write_lines(out_fd, [rest.rstrip(b" ")])
+        write_lines(out_fd, [redact(rest.rstrip(b" "))])
     os.close(r)
     return proc.wait()
 
