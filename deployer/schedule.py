@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import uuid
@@ -245,9 +246,14 @@ def notify(url: str, obj: dict, attempts: int = 3) -> str | None:
     try:
         post()
         return None
+    except NotDelivered as e:
+        return f"{type(e).__name__}: {e}"
+    except requests.HTTPError as e:
+        return f"HTTPError: HTTP {e.response.status_code if e.response is not None else '?'}"
     except Exception as e:  # noqa: BLE001 - any failure to deliver is reported, never raised
-        # the URL (often a token) never reaches the log: requests puts it in its messages
-        return f"{type(e).__name__}: {e}".replace(url, redact_url(url))
+        # the class of the failure only: requests puts the URL's path and query (often the token) in its messages,
+        # in forms no replace can catch (the path alone, re-quoted)
+        return f"{type(e).__name__} (to {redact_url(url)})"
 
 
 def summarize(returncode: int, result: dict) -> str:
@@ -264,15 +270,23 @@ def run_now(s: Schedule, now: datetime, say=print) -> int:
     """One scheduled run: window check, ``deployer up --json``, the log (stdout AND stderr), the webhook.
     Returns ``up``'s exit code (0 when outside the window)."""
     log = s.log_path()
-    log.parent.mkdir(parents=True, exist_ok=True)
+    # the log holds the run's whole output (failure messages, journal tails): this user's alone
+    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(log.parent, 0o700)
+    os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    os.chmod(log, 0o600)
 
-    def record(obj: dict) -> None:
+    def record(obj: dict, log_only: tuple = ()) -> None:
         obj = dict(obj, schedule=s.id, at=now.isoformat(timespec="seconds"))
         with open(log, "a") as f:
             f.write(json.dumps(obj) + "\n")
         say(json.dumps(obj))
         if s.webhook:
-            error = notify(s.webhook, obj)
+            # what the run printed on stderr stays in the log; the webhook is told where that is
+            sent = {k: v for k, v in obj.items() if k not in log_only}
+            if log_only:
+                sent["log"] = f"{log} on {socket.gethostname()}"
+            error = notify(s.webhook, sent)
             if error:
                 with open(log, "a") as f:
                     f.write(json.dumps({"event": "webhook_failed", "schedule": s.id, "url": redact_url(s.webhook),
@@ -302,5 +316,5 @@ def run_now(s: Schedule, now: datetime, say=print) -> int:
     stderr_tail = p.stderr.splitlines()[-STDERR_TAIL_LINES:]
     record({"event": "scheduled_up", "exit_code": p.returncode, "reason": summarize(p.returncode, result),
             "failures": result.get("failures", []), "hosts": sorted((result.get("hosts") or {}).keys()),
-            **({"stderr_tail": stderr_tail} if p.returncode != 0 else {})})
+            **({"stderr_tail": stderr_tail} if p.returncode != 0 else {})}, log_only=("stderr_tail",))
     return p.returncode

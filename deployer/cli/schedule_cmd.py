@@ -9,7 +9,20 @@ from typing import Annotated, Optional
 import typer
 
 from deployer import schedule as sc
-from deployer.cli.targets import SECRET_ENV, Extra, Host, Inventory, Json, Key, Port, Sandbox, Target, User, die
+from deployer.cli.targets import (
+    SECRET_ENV,
+    Extra,
+    Host,
+    Inventory,
+    Json,
+    Key,
+    Port,
+    Sandbox,
+    Target,
+    User,
+    die,
+    parse_extra,
+)
 from deployer.output import lit, out
 from deployer.runner import Exit
 
@@ -57,22 +70,10 @@ def add(
 
 def secret_in_extra(extra: list[str]) -> str:
     """The first secret setting in ``extra`` in any form ansible-playbook takes (``k=v``, a JSON/YAML mapping,
-    ``@file``), or "" when none.  A file that cannot be read is left to the run to report."""
-    import yaml
-    for e in extra:
-        names: list = []
-        if e.startswith("@") or e.lstrip().startswith("{"):
-            try:
-                loaded = yaml.safe_load(e if e.lstrip().startswith("{") else open(e[1:]).read())
-            except (OSError, yaml.YAMLError, UnicodeDecodeError):
-                loaded = None
-            names = list(loaded) if isinstance(loaded, dict) else []
-        else:
-            names = [e.split("=", 1)[0]]
-        for n in names:
-            if n in SECRET_ENV:
-                return n
-    return ""
+    ``@file``), or "" when none.  Read by the parser the scheduled run uses (``parse_extra``, the environment
+    left out): what it refuses - a mapping or file that cannot be parsed, which might hide a secret - is refused
+    now (exit 2, nothing installed), not at 3 a.m."""
+    return next((n for n in parse_extra(extra, from_env=False) if n in SECRET_ENV), "")
 
 
 @app.command("list")

@@ -111,7 +111,15 @@ def adhoc_inventory(host: str, port: int, user: str, key: Optional[str], trust_n
     return path
 
 
-def parse_extra(extra: list[str]) -> dict:
+def _yaml_problem(e: Exception) -> str:
+    """YAML's complaint without its quote of the text (which may hold a secret): what and where."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    context = f"{e.context}: " if getattr(e, "context", None) else ""
+    return f"{context}{getattr(e, 'problem', None) or type(e).__name__}{where}"
+
+
+def parse_extra(extra: list[str], from_env: bool = True) -> dict:
     """``-e k=v`` (value parsed as YAML, except for a setting of type str: kept as typed), ``-e @file.yml`` or, as
     ansible-playbook takes it, ``-e '{"k": [..]}'`` (a JSON/YAML mapping); secrets also from DEPLOYER_API_KEY /
     _HF_TOKEN.  A secret or other str setting never changes type on the way in: ``-e deployer_api_key=0777``
@@ -123,14 +131,19 @@ def parse_extra(extra: list[str]) -> dict:
         return k in SECRET_ENV or (spec.get(k) or {}).get("type", "str") == "str" and k in spec
 
     vals: dict = {}
-    for item in extra:
+    for n, item in enumerate(extra, 1):
+        # an item is never echoed (a secret may be in it); a file is named by its path
+        shown = f"@{item[1:]}" if item.startswith("@") else f"item {n} (a mapping)"
         if item.startswith("@") or item.lstrip().startswith("{"):
             try:
                 loaded = yaml.safe_load(item if item.lstrip().startswith("{") else Path(item[1:]).read_text()) or {}
-            except (OSError, yaml.YAMLError) as e:
-                die(Exit.USAGE, f"-e {item}: {e}")
+            except OSError as e:
+                die(Exit.USAGE, f"-e {shown}: {e.strerror or e}")
+            except (yaml.YAMLError, UnicodeDecodeError) as e:
+                die(Exit.USAGE, f"-e {shown}: not a valid YAML/JSON mapping: {_yaml_problem(e)}; "
+                                "its text is not shown (it may hold a secret)")
             if not isinstance(loaded, dict):
-                die(Exit.USAGE, f"-e {item}: expected a mapping of variables, got {type(loaded).__name__}")
+                die(Exit.USAGE, f"-e {shown}: expected a mapping of variables, got {type(loaded).__name__}")
             for k, v in loaded.items():
                 if isinstance(k, str) and is_str_setting(k) and v is not None and not isinstance(v, str):
                     shown = "..." if k in SECRET_ENV else repr(v)
@@ -139,7 +152,8 @@ def parse_extra(extra: list[str]) -> dict:
             vals.update(loaded)
             continue
         if "=" not in item:
-            die(Exit.USAGE, f"-e {item!r}: expected key=value or @file.yml")
+            die(Exit.USAGE, f"-e item {n}: expected key=value or @file.yml (the item is not shown: it may hold a "
+                            "secret)")
         k, v = item.split("=", 1)
         if is_str_setting(k):
             vals[k] = v
@@ -157,6 +171,18 @@ def parse_extra(extra: list[str]) -> dict:
     if bad:
         die(Exit.USAGE, "bad setting value: " + "; ".join(bad) + " (types: roles/*/meta/argument_specs.yml)")
     for var, env in SECRET_ENV.items():
-        if os.environ.get(env) and var not in vals:
+        if from_env and os.environ.get(env) and var not in vals:
             vals[var] = os.environ[env]
+        if isinstance(vals.get(var), str):
+            refuse_control_in_secret(var, vals[var], env)
     return vals
+
+
+def refuse_control_in_secret(var: str, value: str, env: str) -> None:
+    """A secret holding a control character (the line end a YAML ``|`` block or a CRLF key file leaves) would end
+    its env-file line: refused here, before any playbook, naming the setting and the character only."""
+    from deployer.ansible_plugins.module_utils.formats import control_char
+    bad = control_char(value)
+    if bad:
+        die(Exit.USAGE, f"{var} (or {env}) contains the control character {bad}: a line end from a YAML '|' block "
+                        f"or a key file? remove it (the value is not shown)")

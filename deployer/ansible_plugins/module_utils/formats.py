@@ -44,10 +44,12 @@ def control_char(value):
 
 
 def _refuse_control(value, what):
+    """The value is never quoted back: it may be a secret (an API key pasted with its line end)."""
     bad = control_char(value)
     if bad:
-        raise FormatError("%s %r contains the control character %s, which would end its line in the file "
-                          "(or be read as something else)" % (what, value, bad))
+        raise FormatError("%s contains the control character %s at position %d, which would end its line in the "
+                          "file (or be read as something else); the value is not shown (it may be a secret)"
+                          % (what, bad, _CONTROL.search(value).start()))
 
 
 def unit_word(value, what="argv word"):
