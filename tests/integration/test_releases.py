@@ -54,6 +54,7 @@ def test_up_noop_change_rollback():
     assert r.returncode == 0 and "unchanged, nothing restarted" in r.stdout
     assert releases() == [first.rsplit("/", 1)[1]] and main_pid(H) == pid
     assert audit()[-1]["changed"] is False and audit()[-1]["result"] == "ok"
+    assert sh(H, "stat -c %a /opt/deployer/audit.jsonl") == "600"   # the no-op's own append: root's alone
 
     r = up("-e", "deployer_max_model_len=65536", *FAST)  # a changed flag: a new release (verify: test_real_host)
     assert r.returncode == 0, r.stderr

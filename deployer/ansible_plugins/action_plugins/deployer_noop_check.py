@@ -119,7 +119,7 @@ class ActionModule(ActionBase):
         line = templar.copy_with_new_env(available_variables=available).template(
             trust_as_template("{{ %s | to_json(sort_keys=true) }}" % args["audit_line_from"]))
         path = "%s/%s" % (args["root"].rstrip("/"), AUDIT_FILE)
-        res = self._low_level_execute_command("umask 022; printf '%%s\\n' %s >> %s" % (shlex.quote(line),
+        res = self._low_level_execute_command("umask 077; printf '%%s\\n' %s >> %s" % (shlex.quote(line),
                                                                                      shlex.quote(path)))
         if res.get("rc") != 0:
             # as the raw task it replaces: a lost audit line is reported, never a failed no-op

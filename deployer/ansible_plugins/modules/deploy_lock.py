@@ -111,11 +111,13 @@ def read(path):
 
 
 def append_line(m, audit):
-    """Append ``audit['line']`` as one JSON line to ``audit['path']`` (0644 when created)."""
+    """Append ``audit['line']`` as one JSON line to ``audit['path']`` (root's alone: 0600, also when an older
+    deployer left it 0644; operator names and controller ids are no business of the service user's)."""
     if not audit.get("path") or not isinstance(audit.get("line"), dict):
         m.fail_json(msg="audit: expected keys path (a file) and line (a dict), got %s" % sorted(audit))
-    fd = os.open(audit["path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(audit["path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
+        os.fchmod(fd, 0o600)
         os.write(fd, (json.dumps(audit["line"], sort_keys=True) + "\n").encode())
     finally:
         os.close(fd)
@@ -179,10 +181,10 @@ def main():
             m.exit_json(changed=True, holder=rec, took_over=took_over)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
-            os.mkdir(path, 0o755)  # atomic: exactly one concurrent run wins
+            os.mkdir(path, 0o700)  # atomic: exactly one concurrent run wins; root's alone (the holder's ids)
         except FileExistsError:
             m.fail_json(msg="host is locked by a concurrent run (lost the race)", holder=read(path) or {}, locked=True)
-        write_atomic(os.path.join(path, "holder.json"), json.dumps(rec), 0o644)
+        write_atomic(os.path.join(path, "holder.json"), json.dumps(rec), 0o600)
         m.exit_json(changed=True, holder=rec, took_over=took_over)
     # absent
     audited = False

@@ -1,0 +1,43 @@
+"""What the deployer writes on the host for root alone stays root's: the lock holder (controller machine-id,
+boot-id, operator name, run token) and the audit trail are not readable by the service user (issue 40, F11).
+Run by Ansible on this machine, as the playbooks run the module."""
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import ROOT
+
+
+def module(tmp_path, name, args):
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
+           "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
+           "ANSIBLE_LOAD_CALLBACK_PLUGINS": "0"}
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-o",
+                        "-e", f"ansible_python_interpreter={sys.executable}", "-m", name, "-a", json.dumps(args)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.split("=>", 1)[1])
+
+
+def mode(p):
+    return stat.S_IMODE(os.stat(p).st_mode)
+
+
+def test_the_lock_holder_and_the_audit_trail_are_root_s_alone(tmp_path):
+    lock, audit = tmp_path / ".lock", tmp_path / "audit.jsonl"
+    audit.write_text("")
+    os.chmod(audit, 0o644)                   # an audit trail an older deployer left readable
+    module(tmp_path, "deploy_lock", {"path": str(lock), "token": "t1",
+                                     "owner": {"user": "op", "controller": "c", "machine_id": "m"}})
+    assert mode(lock) == 0o700 and mode(lock / "holder.json") == 0o600
+    module(tmp_path, "deploy_lock", {"path": str(lock), "token": "t1", "state": "absent",
+                                     "audit": {"path": str(audit), "line": {"result": "ok"}}})
+    assert mode(audit) == 0o600 and json.loads(audit.read_text())["result"] == "ok"
+    audit.unlink()
+    module(tmp_path, "deploy_lock", {"path": str(lock), "token": "t2", "state": "absent",
+                                     "audit": {"path": str(audit), "line": {"result": "ok"}}})
+    assert mode(audit) == 0o600
+
