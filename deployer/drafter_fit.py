@@ -42,9 +42,27 @@ def safetensors_shapes(path: Path) -> dict:
             raise DrafterFitError(f"{path}: safetensors header of {n} bytes claimed; expected < 100 MiB")
         try:
             header = json.loads(f.read(n))
-        except ValueError as e:
-            raise DrafterFitError(f"{path}: safetensors header is not JSON ({e})") from e
-    return {k: v.get("shape") for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        except (ValueError, RecursionError) as e:      # RecursionError: nested beyond reason
+            raise DrafterFitError(f"{path}: safetensors header is not JSON ({type(e).__name__})") from e
+    if not isinstance(header, dict):
+        raise DrafterFitError(f"{path}: safetensors header is a JSON {type(header).__name__}, expected an object")
+    shapes = {}
+    for k, v in header.items():
+        if k == "__metadata__" or not isinstance(v, dict):
+            continue
+        shape, offsets = v.get("shape"), v.get("data_offsets")
+        if not (isinstance(shape, list) and all(_dim(x) for x in shape)):
+            raise DrafterFitError(f"{path}: tensor {k[:80]!r}: shape {str(shape)[:80]} is not a list of integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_dim(x) for x in offsets)
+                and offsets[0] <= offsets[1]):
+            raise DrafterFitError(f"{path}: tensor {k[:80]!r}: data_offsets is not two ascending non-negative "
+                                  "integers")
+        shapes[k] = shape
+    return shapes
+
+
+def _dim(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def read_drafter(src_dir: str) -> tuple[dict, dict]:

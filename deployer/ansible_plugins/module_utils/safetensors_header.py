@@ -24,15 +24,32 @@ def check_shard(path, max_header=100 << 20):
             header = json.loads(f.read(n).decode("utf-8"))
     except OSError as e:
         return None, "unreadable: %s" % e, 0
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):   # RecursionError: a header nested beyond reason
         return None, "header is not JSON (not a safetensors file)", 0
     if not isinstance(header, dict):
         return None, "header is not a JSON object (not a safetensors file)", 0
-    ends = [t.get("data_offsets", [0, 0])[1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    ends = []
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = t.get("data_offsets") if isinstance(t, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_size(x) for x in offsets)
+                and offsets[0] <= offsets[1]):
+            return None, "tensor %s: data_offsets is not two ascending non-negative integers" % _shown(name), 0
+        ends.append(offsets[1])
     expected = 8 + n + max(ends or [0])
     if size != expected:
         return expected, "truncated" if size < expected else "longer than its header declares", 0
     return expected, None, max(ends or [0])
+
+
+def _size(x):
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _shown(name):
+    """A tensor name from a header as a message may quote it: repr, at most 80 characters."""
+    return repr(name[:80])
 
 
 def check_shards(directory, files, max_header=100 << 20):
