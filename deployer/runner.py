@@ -217,7 +217,9 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
         shutil.rmtree(pdd, ignore_errors=True)
 
 
-RUN_DIR = re.compile(r"deployer-run-(\d+)-[^/]+\Z")
+# a pid as the kernel makes them (pid_max is at most 2**22): another user's name with a pid beyond a C long made
+# os.kill raise OverflowError, and every deployer command runs the reaper first
+RUN_DIR = re.compile(r"deployer-run-([1-9][0-9]{0,9})-[^/]+\Z")
 
 
 def reap_run_dirs(tmp: str | None = None) -> list[str]:
@@ -242,7 +244,7 @@ def reap_run_dirs(tmp: str | None = None) -> list[str]:
             continue                                    # its deployer (or a process with its pid) still runs
         except ProcessLookupError:
             pass
-        except OSError:                                 # gone already, or a pid of another user's: alive
+        except (OSError, OverflowError):                # gone already, a pid of another user's, or none: leave it
             continue
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
             shutil.rmtree(path, ignore_errors=True)

@@ -236,3 +236,16 @@ def test_the_playbooks_workers_die_with_the_deployer_too(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"{len(left)} ansible-playbook process(es) outlived the deployer"
+
+
+def test_a_run_directory_named_by_another_user_never_stops_a_deployer(tmp_path):
+    """Anyone may create names in /tmp: a pid beyond the kernel's range (OverflowError in os.kill), a name that is
+    a file, a directory of ours with a huge pid - every deployer command ran the reaper first and died (issue 40,
+    F7).  Nothing but our own dead runs' directories is removed."""
+    from deployer.runner import reap_run_dirs
+    for name in ("deployer-run-2147483648-x", "deployer-run-99999999999999999999-x", "deployer-run-0-x"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "deployer-run-4194305-file").write_text("")
+    gone = reap_run_dirs(str(tmp_path))
+    assert gone == []                      # none is a run of ours (no pid is that large)
+    assert (tmp_path / "deployer-run-0-x").exists() and (tmp_path / "deployer-run-4194305-file").exists()
