@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from typing import Annotated
@@ -166,7 +168,7 @@ def _rollback_crash_loops(t: Target, hosts: list[str], extra, as_json: bool):
     raise typer.Exit(run_rollback(t, extra, as_json, limit=",".join(hosts)))
 
 
-_UNIT_RE = __import__("re").compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\\.service)?$")
+_UNIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\.service)?")
 
 
 def journal_command(service: str, lines: int, follow: bool, as_root: bool) -> str:
@@ -192,9 +194,11 @@ def ssh_connection(host: str, user: str, port: int, key, known_hosts=None, ssh_c
     conn = Connection(host, user=user, port=port, connect_kwargs={"key_filename": key} if key else {}, **kw) \
         if not ssh_config else Connection(host, **kw)
     conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    if known_hosts:
+    # the files OpenSSH (and so the deploy) reads: the system's, then the user's; hashed entries are understood
+    files = [known_hosts] if known_hosts else ["/etc/ssh/ssh_known_hosts", os.path.expanduser("~/.ssh/known_hosts")]
+    for f in files:
         try:
-            conn.client.load_host_keys(str(known_hosts))
+            conn.client.load_host_keys(str(f))
         except FileNotFoundError:
             pass
     return conn
@@ -214,7 +218,7 @@ def logs(follow: Annotated[bool, typer.Option("-f", "--follow")] = False,
                               ssh_config=sb.STATE / "ssh_config")
         as_root = not sb.is_sudo(sandbox_host)
     else:
-        conn = ssh_connection(host, user, port, key)     # ~/.ssh/known_hosts (fabric loads the system's)
+        conn = ssh_connection(host, user, port, key)     # /etc/ssh/ssh_known_hosts and ~/.ssh/known_hosts
         as_root = user == "root"
     try:
         cmd = journal_command(service, lines, follow, as_root)

@@ -319,3 +319,19 @@ def test_haproxy_waits_for_a_check_as_long_as_the_slowest_engines_health(tmp_pat
                                    "g2": {"ansible_host": "10.0.0.2", "deployer_backend": "sglang"}})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "\n    timeout check 22s\n" in (tmp_path / "haproxy.cfg").read_text()
+
+
+def test_logs_checks_a_real_host_against_the_user_s_and_the_system_s_known_hosts(tmp_path, monkeypatch):
+    """`deployer logs --host` loaded no known_hosts at all: with RejectPolicy every real host was refused (issue 40,
+    F14).  A key in ~/.ssh/known_hosts is known; the unit name may carry its .service."""
+    from deployer.cli.views import journal_command, ssh_connection
+    key = "AAAAC3NzaC1lZDI1NTE5AAAAIDk8dNf0pUGuUYQ0i6HiJ4Jc4s7IcycvWi5gO3pCIRhm"
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "known_hosts").write_text(f"192.0.2.7 ssh-ed25519 {key}\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    conn = ssh_connection("192.0.2.7", "root", 22, None)
+    assert conn.client.get_host_keys().lookup("192.0.2.7")
+    assert not conn.client.get_host_keys().lookup("192.0.2.8")
+    assert "deployer-engine.service" in journal_command("deployer-engine.service", 10, False, True)
+    with pytest.raises(ValueError):
+        journal_command("x\\yservice", 10, False, True)
