@@ -206,7 +206,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     env = {"TRITON_CACHE_DIR": f"{sc}/triton", "HF_HOME": f"{sc}/huggingface", "XDG_CACHE_HOME": f"{sc}/xdg"}
     env.update(eng.env(s, sc))
     for k, v in sorted({**(s.get("nccl_env") or {}), **(s.get("env_extra") or {})}.items()):
-        if not isinstance(k, str) or not k.replace("_", "a").isalnum() or k[0].isdigit():
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):   # systemd's own rule
             raise PlanError(f"environment variable name: got {k!r}, expected [A-Za-z_][A-Za-z0-9_]*")
         if k in ("VLLM_API_KEY", "HF_TOKEN", "SGLANG_API_KEY"):
             raise PlanError(f"environment: {k} is a secret; set deployer_api_key / deployer_hf_token instead")
