@@ -70,16 +70,20 @@ def test_patch_apply_idempotent_revert(vllm_src, version):
     check = pe.apply(str(root), check_mode=True)
     assert check["changed"] and tree_hashes(root) == pristine          # check mode writes nothing
     assert "+class" not in check["diff"] and "+        aux_hidden_states = []" in check["diff"]
+    modes = {rel: (root / rel).stat().st_mode & 0o7777 for rel in pe.plan_from_sources(str(root)).files}
     res = pe.apply(str(root))
     assert res["changed"] and res["patches"] == plan.needed and len(res["fingerprint"]) == 16
     assert res["fingerprint"] == check["fingerprint"]
     assert_p1_to_p5(root)
+    # every swapped file keeps its mode: mkstemp's 0600 would hide it from the service user (mutant E1)
+    assert modes and {rel: (root / rel).stat().st_mode & 0o7777 for rel in modes} == modes
     patched = tree_hashes(root)
     again = pe.apply(str(root))
     assert not again["changed"] and tree_hashes(root) == patched       # second apply: no byte changes
     assert pe.status(str(root))["state"] == "patched"
     rev = pe.revert(str(root))
     assert rev["changed"] and tree_hashes(root) == pristine            # byte-identical to the wheel
+    assert {rel: (root / rel).stat().st_mode & 0o7777 for rel in modes} == modes
     assert not (root / pe.STATE_DIR).exists()
     assert pe.status(str(root))["state"] == "unpatched"
 
@@ -125,6 +129,19 @@ def test_drift_detected_between_apply_and_revert(vllm_src):
     with pytest.raises(pe.DriftError):
         pe.apply(str(root))
     assert "# edited by hand" in f.read_text()                         # refused: nothing touched
+
+
+def test_a_damaged_backup_is_refused_by_revert_and_nothing_is_written(vllm_src):
+    """Revert restores the pristine files from .deployer_patch/orig; a backup that no longer hashes to the pristine
+    file would install something no wheel ever held (mutant E2)."""
+    root = vllm_src("0.16.0")
+    pe.apply(str(root))
+    patched = tree_hashes(root)
+    backup = root / pe.STATE_DIR / "orig" / pe.F_K25
+    backup.write_text(backup.read_text() + "\nimport os; os.system('id')\n")
+    with pytest.raises(pe.DriftError, match="backup of model_executor/models/kimi_k25.py"):
+        pe.revert(str(root))
+    assert tree_hashes(root) == patched and pe.status(str(root))["state"] == "patched"
 
 
 def test_interrupted_apply_is_finished(vllm_src, monkeypatch):
