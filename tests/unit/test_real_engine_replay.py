@@ -191,3 +191,15 @@ def test_vllm_0_25_1_failures_are_named_by_their_root_cause(run, kind, line):
     # server was up; the verify stage now builds that loader first (tests/vllm/test_real_venv.py)
     r = replay(RUNS_025 / run)
     assert r["root_cause"][0] == kind and line in r["root_cause"][1], r["root_cause"]
+
+
+@pytest.mark.parametrize("run", ["good_second", "good_warm"])
+def test_the_api_phase_begins_at_vllm_s_own_end_of_engine_init(run):
+    """The phase boundary is the engine's own clock: vLLM's 'init engine (profile, create kv cache, warmup model)
+    took N s' line ends the graphs and starts the API server (mutant L7: a boundary moved to a later line survived
+    every test, and the graphs phase would have absorbed the API server's start)."""
+    from replay import messages
+    r = replay(RUNS / run)
+    init_at = next(round(t, 2) for t, m in messages(RUNS / run) if "init engine (" in m and " took " in m)
+    assert (init_at, "api") in r["transitions"], r["transitions"]
+    assert r["snapshot"]["facts"]["engine_init_seconds"] > 0
