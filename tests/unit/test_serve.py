@@ -87,7 +87,22 @@ def _systemd_split(line):
         i += 1
     if started or cur:
         words.append(cur)
-    return [w.replace("$$", "$").replace("%%", "%") for w in words]
+    return [_unescape_expansions(w) for w in words]
+
+
+def _unescape_expansions(word):
+    """``$$`` -> ``$`` and ``%%`` -> ``%``; what systemd would expand instead is an error here, so a writer that
+    stops escaping fails (mutant F2: a lenient ``replace`` took a lone ``$`` and ``%`` as literal)."""
+    out, i = "", 0
+    while i < len(word):
+        c, nxt = word[i], word[i + 1:i + 2]
+        if c in "$%" and nxt == c:
+            out, i = out + c, i + 2
+            continue
+        if c == "%" or (c == "$" and (nxt == "{" or nxt.isalnum() or nxt == "_")):
+            raise ValueError(f"systemd would expand {word[i:i + 2]!r} in {word!r}")
+        out, i = out + c, i + 1
+    return out
 
 
 @pytest.mark.parametrize("word", ["plain", "with space", "quote\"d", "it's", "semi;colon", "$(touch /tmp/x)",
