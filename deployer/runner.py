@@ -180,6 +180,9 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
     """Run ``playbooks/<playbook>`` with ``ansible-playbook`` and fold its events (callback ``deployer_events``,
     one JSON line each on a pipe) into a ``Result``; ``on_event`` sees each event as it comes."""
     reap_run_dirs()
+    weakened = host_key_overrides(os.environ)
+    if weakened:    # nothing runs: exit 2 (usage), the reason as ansible-playbook's own refusals are shown
+        return Result(rc=2, status="refused", errors=weakened)
     # 0700 (mkdtemp): the extra vars, 0600, go here; the pid in the name lets a later run remove it if this one is
     # killed outright (reap_run_dirs)
     pdd = tempfile.mkdtemp(prefix=f"deployer-run-{os.getpid()}-")
@@ -219,6 +222,20 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
 
 # a pid as the kernel makes them (pid_max is at most 2**22): another user's name with a pid beyond a C long made
 # os.kill raise OverflowError, and every deployer command runs the reaper first
+# Ansible puts these in front of its own ssh options and ssh takes the first value of an option: a
+# StrictHostKeyChecking or UserKnownHostsFile there would beat the forced host-key check (README: host keys are
+# checked whatever the environment says).
+SSH_ARG_VARIABLES = ("ANSIBLE_SSH_ARGS", "ANSIBLE_SSH_COMMON_ARGS", "ANSIBLE_SSH_EXTRA_ARGS")
+_HOST_KEY_OPTION = re.compile(r"StrictHostKeyChecking|UserKnownHostsFile|GlobalKnownHostsFile", re.I)
+
+
+def host_key_overrides(environ) -> list[str]:
+    """One refusal per caller variable that would set how ssh checks host keys (the value is not shown)."""
+    return [f"{name} sets {_HOST_KEY_OPTION.search(environ[name]).group(0)}: the deployer checks SSH host keys "
+            "whatever the environment says; unset it (for a new host: --trust-new-host, which still refuses a "
+            "changed key)" for name in SSH_ARG_VARIABLES if _HOST_KEY_OPTION.search(environ.get(name) or "")]
+
+
 RUN_DIR = re.compile(r"deployer-run-([1-9][0-9]{0,9})-[^/]+\Z")
 
 

@@ -75,7 +75,8 @@ def report(res: runner.Result, as_json: bool, what: str) -> int:
                    f"{r.get('mean_acceptance_length')}") if r.get("acceptance_rate") is not None else ""
             out.print(f"[bold green]{lit(h)}[/]: release {lit(r.get('release') or '?')} {state}{lit(acc)}")
     if res.refusal():
-        err.print("[bold red]ansible-playbook refused to run[/] (nothing was changed):", highlight=False)
+        who = "refused before any playbook ran" if res.status == "refused" else "ansible-playbook refused to run"
+        err.print(f"[bold red]{who}[/] (nothing was changed):", highlight=False)
         err.out(literal("\n".join(res.refusal())), highlight=False)
     elif not res.processed():
         err.print("[bold red]no host matched[/] (check the inventory, the 'gpu' group and --limit)")

@@ -22,3 +22,18 @@ def test_an_answer_without_a_header_or_with_a_short_line_gives_nothing_for_it():
     assert parse_servers_state("") == {}
     assert parse_servers_state("No such backend.\n") == {}
     assert parse_servers_state(HEADER + "2 llm 1 a\n") == {}
+
+
+def test_a_name_that_would_be_a_second_runtime_command_is_refused_before_the_socket(tmp_path):
+    """HAProxy's runtime API runs ';'-separated commands: a backend or server name is a plain token or nothing is
+    sent (issue 40, F15).  The socket path does not exist: a refusal that reached it would say so instead."""
+    import pytest
+
+    from deployer.ansible_plugins.module_utils.haproxy_runtime import RuntimeError_, servers, set_state
+    sock = str(tmp_path / "none.sock")
+    for call in (lambda: servers(sock, "gpu; shutdown frontend api"),
+                 lambda: set_state(sock, "gpu", "h1; disable server gpu/h2", "drain"),
+                 lambda: set_state(sock, "gpu", "h1\nshow env", "drain")):
+        with pytest.raises(RuntimeError_) as e:
+            call()
+        assert "none.sock" not in str(e.value) and ("expected letters" in str(e.value) or "U+000A" in str(e.value))

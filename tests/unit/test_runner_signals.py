@@ -1,6 +1,7 @@
 """The playbook never outlives the deployer (deployer/runner.py): it runs in a session of its own (so that a stop
 can kill its whole process group), so a `deployer` killed outright would leave it running unwatched (and its lock,
 which names the dead deployer, would be taken over as stale while it still acted on the host)."""
+import json
 import os
 import signal
 import subprocess
@@ -249,3 +250,20 @@ def test_a_run_directory_named_by_another_user_never_stops_a_deployer(tmp_path):
     gone = reap_run_dirs(str(tmp_path))
     assert gone == []                      # none is a run of ours (no pid is that large)
     assert (tmp_path / "deployer-run-0-x").exists() and (tmp_path / "deployer-run-4194305-file").exists()
+
+
+def test_ssh_options_in_the_environment_cannot_turn_the_host_key_check_off(tmp_path):
+    """Ansible puts ANSIBLE_SSH_ARGS before its own options and ssh keeps an option's first value: the caller's
+    '-o StrictHostKeyChecking=no' would beat the forced check.  Refused (exit 2), nothing run, nothing contacted."""
+    env = dict(os.environ, ANSIBLE_SSH_ARGS="-o ControlMaster=auto -o StrictHostKeyChecking=no",
+               XDG_STATE_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", "up", "--host", "192.0.2.1", "--json"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert r.returncode == 2 and out["processed"] == [] and "ANSIBLE_SSH_ARGS sets StrictHostKeyChecking" in \
+        out["errors"][0]
+    r = subprocess.run([sys.executable, "-m", "deployer.cli", "up", "--host", "192.0.2.1"], capture_output=True,
+                       text=True, timeout=60, env=dict(env, ANSIBLE_SSH_ARGS="", ANSIBLE_SSH_COMMON_ARGS=(
+                           "-o UserKnownHostsFile=/dev/null")))
+    assert r.returncode == 2 and "ANSIBLE_SSH_COMMON_ARGS sets UserKnownHostsFile" in " ".join(r.stderr.split())
+    assert "refused before any playbook ran" in r.stderr

@@ -13,9 +13,23 @@ import csv
 import io
 import socket
 
+try:
+    from ansible.module_utils import formats
+except ImportError:           # imported as part of the deployer package (the controller, the tests)
+    from deployer.ansible_plugins.module_utils import formats
+
 
 class RuntimeError_(Exception):
     """The socket is missing or HAProxy refused a command (its own answer in the message)."""
+
+
+def _word(value, what):
+    """A backend or server name as it goes into a runtime command: a plain token (the runtime API runs commands
+    separated by ``;`` and ends one at a line end: ``b; shutdown frontend x`` would be two commands)."""
+    try:
+        return formats.haproxy_word(value, what)
+    except formats.FormatError as e:
+        raise RuntimeError_(str(e)) from None
 
 
 def command(sock_path, cmd, timeout=5.0):
@@ -76,6 +90,7 @@ def parse_servers_state(text):
 def servers(sock_path, backend):
     """{server name: {status, scur (in-flight requests), weight, admin}} of one backend; ``admin`` is what ``set
     server`` set (ready | drain | maint), which ``status`` hides while the server's health checks fail (DOWN)."""
+    backend = _word(backend, "backend")
     out = {}
     for r in parse_stat(command(sock_path, "show stat")):
         if r.get("pxname") == backend and r.get("svname") not in ("FRONTEND", "BACKEND"):
@@ -102,7 +117,8 @@ def state_word(status):
 def set_state(sock_path, backend, server, state):
     if state not in ("ready", "drain", "maint"):
         raise ValueError("state: got %r, expected ready, drain or maint" % state)
-    answer = command(sock_path, "set server %s/%s state %s" % (backend, server, state)).strip()
+    answer = command(sock_path, "set server %s/%s state %s" % (_word(backend, "backend"), _word(server, "server"),
+                                                               state)).strip()
     if answer:   # HAProxy answers nothing on success, its reason otherwise
         raise RuntimeError_("HAProxy refused 'set server %s/%s state %s': %s" % (backend, server, state, answer))
 
