@@ -223,17 +223,24 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
 # a pid as the kernel makes them (pid_max is at most 2**22): another user's name with a pid beyond a C long made
 # os.kill raise OverflowError, and every deployer command runs the reaper first
 # Ansible puts these in front of its own ssh options and ssh takes the first value of an option: a
-# StrictHostKeyChecking or UserKnownHostsFile there would beat the forced host-key check (README: host keys are
-# checked whatever the environment says).
+# StrictHostKeyChecking=no or a known-hosts file of /dev/null there would beat the forced host-key check (README:
+# host keys are checked whatever the environment says).  Naming a real known-hosts file, or accept-new (a changed
+# key still refused, as --trust-new-host), is not turning the check off.
 SSH_ARG_VARIABLES = ("ANSIBLE_SSH_ARGS", "ANSIBLE_SSH_COMMON_ARGS", "ANSIBLE_SSH_EXTRA_ARGS")
-_HOST_KEY_OPTION = re.compile(r"StrictHostKeyChecking|UserKnownHostsFile|GlobalKnownHostsFile", re.I)
+_HOST_KEY_OFF = re.compile(r"(StrictHostKeyChecking)[\s=]+[\"']?(?:no|off|false)\b|"
+                           r"((?:User|Global)KnownHostsFile)[\s=]+[\"']?/dev/null\b", re.I)
 
 
 def host_key_overrides(environ) -> list[str]:
-    """One refusal per caller variable that would set how ssh checks host keys (the value is not shown)."""
-    return [f"{name} sets {_HOST_KEY_OPTION.search(environ[name]).group(0)}: the deployer checks SSH host keys "
-            "whatever the environment says; unset it (for a new host: --trust-new-host, which still refuses a "
-            "changed key)" for name in SSH_ARG_VARIABLES if _HOST_KEY_OPTION.search(environ.get(name) or "")]
+    """One refusal per caller variable that would turn ssh's host-key check off (the value is not shown)."""
+    out = []
+    for name in SSH_ARG_VARIABLES:
+        m = _HOST_KEY_OFF.search(environ.get(name) or "")
+        if m:
+            out.append(f"{name} sets {m.group(1) or m.group(2)} so that host keys go unchecked: the deployer checks "
+                       "SSH host keys whatever the environment says; unset it (for a new host: --trust-new-host, "
+                       "which still refuses a changed key)")
+    return out
 
 
 RUN_DIR = re.compile(r"deployer-run-([1-9][0-9]{0,9})-[^/]+\Z")

@@ -265,5 +265,9 @@ def test_ssh_options_in_the_environment_cannot_turn_the_host_key_check_off(tmp_p
     r = subprocess.run([sys.executable, "-m", "deployer.cli", "up", "--host", "192.0.2.1"], capture_output=True,
                        text=True, timeout=60, env=dict(env, ANSIBLE_SSH_ARGS="", ANSIBLE_SSH_COMMON_ARGS=(
                            "-o UserKnownHostsFile=/dev/null")))
+    from deployer.runner import host_key_overrides
+    assert host_key_overrides({"ANSIBLE_SSH_ARGS": "-o UserKnownHostsFile=/root/kh -o StrictHostKeyChecking=accept-new"
+                                                    " -o ControlMaster=auto"}) == []        # still checked
+    assert host_key_overrides({"ANSIBLE_SSH_EXTRA_ARGS": "-o 'StrictHostKeyChecking no'"})
     assert r.returncode == 2 and "ANSIBLE_SSH_COMMON_ARGS sets UserKnownHostsFile" in " ".join(r.stderr.split())
     assert "refused before any playbook ran" in r.stderr
