@@ -14,9 +14,9 @@ import io
 import socket
 
 try:
-    from ansible.module_utils import formats
+    from ansible.module_utils.formats import FormatError, haproxy_word
 except ImportError:           # imported as part of the deployer package (the controller, the tests)
-    from deployer.ansible_plugins.module_utils import formats
+    from deployer.ansible_plugins.module_utils.formats import FormatError, haproxy_word
 
 
 class RuntimeError_(Exception):
@@ -27,8 +27,8 @@ def _word(value, what):
     """A backend or server name as it goes into a runtime command: a plain token (the runtime API runs commands
     separated by ``;`` and ends one at a line end: ``b; shutdown frontend x`` would be two commands)."""
     try:
-        return formats.haproxy_word(value, what)
-    except formats.FormatError as e:
+        return haproxy_word(value, what)
+    except FormatError as e:
         raise RuntimeError_(str(e)) from None
 
 
