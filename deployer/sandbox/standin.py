@@ -589,7 +589,14 @@ def serve(args, k, spec):
             log("worker_died", "VllmWorker-3", -9, who="EngineCore_DP0", level="ERROR")   # 0.33+: and its exit code
             if SRC.has("core_died"):
                 log("core_died", "EngineCore_DP0", who="APIServer", level="ERROR")
-            os._exit(1)
+            # then the API server shuts itself down and exits 0, as the real one does (uvicorn's own lines; recorded
+            # on vLLM 0.20.0 with an H200, tests/fixtures/real-gpu/vllm-0.20.0-h200/bad_drafter; the exit status 0
+            # measured on vLLM 0.32.0 on a CPU: docs/real-engine.md): only a unit that restarts on a clean exit too
+            # (Restart=always) brings such a server back
+            for line in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete."):
+                api.write(f"INFO:     {line}\n")
+            api.flush()
+            os._exit(0)
         threading.Timer(float(k["crash_after_ready_seconds"]), die_while_serving).start()
     if k.get("unhealthy_after_ready_seconds") is not None:
         threading.Timer(float(k["unhealthy_after_ready_seconds"]), lambda: ENGINE.update(dead=True)).start()

@@ -97,9 +97,10 @@ def test_speculative_disabled_serves_without_a_drafter():
 
 def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rolled_back_when_asked():
     """The load passed; later the server dies while serving, again after every restart.  systemd restarts it
-    (Restart=on-failure); `status` counts the restarts, calls it a CRASH LOOP at deployer_crash_loop_restarts,
-    shows vLLM's own last fatal line (the journal, across restarts), and `status --rollback-if-crash-looping`
-    returns the host to the previous release, which serves.  Guards: the crash loop flag, the last fatal line
+    (Restart=always: the real API server, as the stand-in, exits 0 when its engine dies); `status` counts the
+    restarts, calls it a CRASH LOOP at deployer_crash_loop_restarts, shows vLLM's own last fatal line (the
+    journal, across restarts), and `status --rollback-if-crash-looping` returns the host to the previous release,
+    which serves.  Guards: the crash loop flag, the last fatal line
     from the journal, and the rollback it triggers."""
     from sandbox_helpers import deployer
     assert up(*FAST).returncode == 0                                 # the default release live (a no-op if it is)
