@@ -148,7 +148,7 @@ SYSTEMD_EXIT = {"200": "CHDIR", "203": "EXEC", "204": "MEMORY", "206": "OOM_ADJU
                 "219": "CGROUP", "220": "SETSID", "226": "NAMESPACE", "228": "SECCOMP", "233": "RUNTIME_DIRECTORY",
                 "236": "SMACK_PROCESS_LABEL", "243": "CREDENTIALS"}
 # Setup failures that say nothing about the release: systemd could not create the unit's cgroup (seen right after
-# the previous server's cgroup was torn down).  The unit's Restart=on-failure retries it after RestartSec; the
+# the previous server's cgroup was torn down).  The unit's Restart=always retries it after RestartSec; the
 # watch waits for that instead of rolling back a release that never ran, at most this many times.
 TRANSIENT_SETUP = ("219",)
 TRANSIENT_SETUP_RETRIES = 2
