@@ -149,6 +149,14 @@ def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm
     _n, lm = _tensor(shapes, "lm_head.weight")
     if lm is not None and draft_vocab and lm[0] != draft_vocab:
         refusals.append(f"drafter: lm_head.weight has {lm[0]} rows, expected draft_vocab_size {draft_vocab}")
+    for field in eng.proposer_reads(target_cfg, version):
+        if target_cfg.get(field) is None:
+            refusals.append(f"target config: no {field}; {label}'s EAGLE proposer reads it from a "
+                            f"{'/'.join(target_cfg.get('architectures') or [])} target when it loads the drafter, "
+                            "after the target's weights (the load would die at its end); the hub's config has it (the "
+                            "image placeholder token id: image_token_id in transformers' schema)"
+                            + (f" = {target_cfg['image_token_id']}?" if target_cfg.get("image_token_id") is not None
+                               else ""))
     for flag in IGNORED_FLAGS:
         if drafter_cfg.get(flag) or (drafter_cfg.get("eagle_config") or {}).get(flag):
             warnings.append(f"drafter: {flag} is set (an EAGLE-3.1 export); {label} ignores it, so the drafter "

@@ -90,6 +90,11 @@ class Engine:
         None when it takes the checkpoint's."""
         return None
 
+    def proposer_reads(self, target_cfg: dict, version: str = "") -> list[str]:
+        """Fields of the target's config this release's EAGLE proposer reads when it loads the drafter (after the
+        target's weights): each must be there, or the load dies at its end."""
+        return []
+
     def describe(self, version: str) -> dict[str, Any]:
         """What ``plan["engine"]`` holds (JSON): what the roles read."""
         return {"name": self.name, "label": self.label, "package": self.package, "version": version,

@@ -86,6 +86,22 @@ class VLLM(Engine):
             "the target's default (2, L//2, L-3): vLLM < 0.22 reads only a top-level "
             "eagle_aux_hidden_state_layer_ids" + (", the one in eagle_config is ignored" if nested else ""))
 
+    # What the EAGLE proposer reads from a multimodal target's config when it loads the drafter, after the target's
+    # weights, by architecture: 0.16/0.17 through the deployer's P5, 0.18-0.33 natively (v1/spec_decode/eagle.py,
+    # llm_base_proposer.py from 0.32: `target_model.config.media_placeholder_token_id` for KimiK25); 0.34's Model
+    # Runner V2 reads none (module_utils/eagle3_patch.py).  The hub's Kimi-K2.5 config has the field; one re-saved
+    # in transformers 5.x's schema names it image_token_id only, and the drafter then dies at load (measured on
+    # vLLM 0.32 on a CPU: AttributeError ... 'media_placeholder_token_id').  tests/vllm checks each release's source.
+    PROPOSER_TARGET_FIELDS = {"KimiK25ForConditionalGeneration": ("media_placeholder_token_id",)}
+    PROPOSER_READS_BEFORE = (0, 34)
+
+    def proposer_reads(self, target_cfg, version=""):
+        from deployer.serve_sglang import parse_version
+        v = parse_version(version) if version else None
+        if v and v[:2] >= self.PROPOSER_READS_BEFORE:
+            return []
+        return [f for a in target_cfg.get("architectures") or [] for f in self.PROPOSER_TARGET_FIELDS.get(a, ())]
+
     def exported_elsewhere(self, drafter_cfg, version=""):
         if self._reads_nested(version):
             return None

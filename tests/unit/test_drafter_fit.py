@@ -88,3 +88,24 @@ def test_the_rules_follow_the_installed_release():
     sbx = {k: v[1] for k, v in drafter_tensors().items()}
     for v in ("0.16.0", "0.20.2", "0.22.1", "0.33.0"):
         assert fit.check(kimi_config(), drafter_config(), sbx, "vllm", v)["refusals"] == [], v
+
+
+def test_a_kimi_config_without_the_field_vllm_s_eagle_proposer_reads_is_refused():
+    """vLLM's EAGLE proposer reads media_placeholder_token_id from a KimiK25 target when it loads the drafter,
+    after the target's weights (issue 41: a config in transformers 5.x's schema names it image_token_id only, and the
+    real vLLM 0.32 died at load).  0.34's Model Runner V2 reads none."""
+    shapes = {k: v[1] for k, v in drafter_tensors().items()}
+    kimi = kimi_config()          # the sandbox's: the hub's schema
+    assert kimi["architectures"] == ["KimiK25ForConditionalGeneration"] and kimi["media_placeholder_token_id"]
+    for version in ("0.16.0", "0.18.0", "0.33.0", "0.34.0"):
+        assert fit.check(kimi, drafter_config(), shapes, "vllm", version)["refusals"] == [], version
+    schema5 = {k: v for k, v in kimi.items() if k != "media_placeholder_token_id"} | {
+        "image_token_id": kimi["media_placeholder_token_id"]}
+    for version in ("0.16.0", "0.18.0", "0.33.0"):
+        r = fit.check(schema5, drafter_config(), shapes, "vllm", version)
+        assert any("no media_placeholder_token_id" in x and f"= {kimi['media_placeholder_token_id']}?" in x
+                   and f"vLLM {version}" in x
+                   for x in r["refusals"]), r["refusals"]
+    assert fit.check(schema5, drafter_config(), shapes, "vllm", "0.34.0")["refusals"] == []
+    bare = dict(kimi["text_config"], architectures=["DeepseekV3ForCausalLM"])       # a bare DeepSeek-V3 target
+    assert fit.check(bare, drafter_config(), shapes, "vllm", "0.33.0")["refusals"] == []

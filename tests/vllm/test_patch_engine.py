@@ -223,3 +223,24 @@ def test_cli_patch_check_json(vllm_src):
     out = json.loads(r.stdout)
     assert out["state"] == "unpatched" and out["needed"] == ["P1", "P2", "P3", "P4", "P5"]
     assert out["vllm_version"] == "0.17.1"
+
+
+@pytest.mark.parametrize("version", ["0.16.0", "0.18.0", "0.33.0", "0.34.0"])
+def test_the_target_fields_the_drafter_check_requires_are_what_each_release_s_proposer_reads(vllm_src, version):
+    """engines/vllm.py's PROPOSER_TARGET_FIELDS (a KimiK25 target's config must hold media_placeholder_token_id, or
+    the drafter dies at load after the target's weights) against the release's own proposer: 0.16 once patched (P5
+    adds the branch), 0.18 and 0.33 natively, 0.34 (Model Runner V2 only) none."""
+    import re
+
+    from deployer.engines.vllm import VLLM
+    root = vllm_src(version)
+    if version == "0.16.0":
+        pe.apply(str(root))
+    reads = set()
+    for rel in pe.PROPOSER_FILES:
+        if (root / rel).exists():
+            src = (root / rel).read_text()
+            for m in re.finditer(r'"KimiK25ForConditionalGeneration"', src):
+                reads |= set(re.findall(r"target_model\.config\.(\w+)", src[m.end():m.end() + 400])[:1])
+    want = set(VLLM().proposer_reads({"architectures": ["KimiK25ForConditionalGeneration"]}, version))
+    assert reads == want, (version, reads, want)
