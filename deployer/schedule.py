@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import uuid
@@ -185,12 +186,50 @@ def _set_crontab(lines: list[str]) -> None:
     subprocess.run([tools.system("crontab"), "-"], input="\n".join(lines) + "\n", text=True, check=True)
 
 
+def writable_by_another(path: str) -> str:
+    """Why another local user could change what ``path`` names (it or a directory above it owned by another user,
+    or group/other-writable without the sticky bit), or "" when only root and this user can.  A schedule runs
+    these paths unattended with this user's rights (root's, for a timer): whoever can write them runs as us."""
+    me = os.geteuid()
+    seen = set()
+    for p in (Path(os.path.abspath(path)), Path(path).resolve()):
+        for part in [*reversed(p.parents), p]:
+            if part in seen:
+                continue
+            seen.add(part)
+            try:
+                st = os.lstat(part)
+            except OSError:
+                continue
+            if st.st_uid not in (0, me):
+                return f"{part} belongs to uid {st.st_uid}"
+            sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+            if st.st_mode & 0o022 and not sticky_dir and not stat.S_ISLNK(st.st_mode):
+                return f"{part} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
+
+
+def _paths_run(s: Schedule) -> list[str]:
+    """What a scheduled run executes or reads: the deployer and its Python, the package, the files named."""
+    words = list(s.target)
+    paths = [deployer_path(), sys.executable, str(Path(__file__).resolve().parent)]
+    paths += [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-i", "--key")]
+    return paths + [e[1:] for e in s.extra if e.startswith("@")]
+
+
 def install(s: Schedule) -> str:
-    """Install the trigger; returns a description of what was installed."""
+    """Install the trigger; returns a description of what was installed.  A timer (systemd, when this is root) or
+    this user's crontab entry; refused when another user could change what it runs."""
     parse_at(s.at)
     if s.window:
         parse_window(s.window)
-    if systemd_running():
+    for p in _paths_run(s):
+        why = writable_by_another(p)
+        if why:
+            raise ScheduleError(f"{p}: {why}; a scheduled run would execute or read it unattended as "
+                                f"{'root' if os.geteuid() == 0 else 'this user'}: make it yours alone, or schedule "
+                                "from an install that is")
+    if systemd_running() and os.geteuid() == 0:     # else this user's crontab: /etc/systemd/system is root's
         d = Path("/etc/systemd/system")
         for name, text in timer_units(s, deployer_path()).items():
             (d / name).write_text(text)

@@ -74,3 +74,36 @@ def test_schedule_add_refuses_secrets(tmp_path):
     assert r.returncode == 2
     assert "secrets are not stored in schedules" in " ".join(r.stderr.split()) and "sekrit" not in r.stderr
     assert not (tmp_path / "cfg" / "deployer" / "schedules.json").exists()      # nothing installed or saved
+
+
+def test_a_schedule_that_would_run_what_another_user_can_change_is_refused(tmp_path, monkeypatch):
+    """A scheduled run executes the deployer and reads its inventory, key and @files unattended with the
+    scheduling user's rights (root's, for a timer): a path another user can write is refused before anything is
+    installed (issue 40, F12)."""
+    import os
+
+    from deployer import schedule as sc
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)                               # world-writable, no sticky bit
+    inv = shared / "inv.yml"
+    inv.write_text("all: {}\n")
+    os.chmod(inv, 0o644)
+    assert "writable by its group or others (mode 0777)" in sc.writable_by_another(str(inv))
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    (sticky / "mine.yml").write_text("")
+    assert sc.writable_by_another(str(sticky / "mine.yml")) == ""      # /tmp-like: others cannot replace it
+    theirs = tmp_path / "theirs.yml"
+    theirs.write_text("")
+    os.chown(theirs, 4242, 4242)
+    assert sc.writable_by_another(str(theirs)) == f"{theirs} belongs to uid 4242"
+    installed = []
+    monkeypatch.setattr(sc, "_set_crontab", installed.append)
+    monkeypatch.setattr(sc, "systemd_running", lambda: False)
+    for s in (Schedule(id="t5", at="03:00", target=["-i", str(inv)]),
+              Schedule(id="t6", at="03:00", target=["--sandbox"], extra=[f"@{theirs}"])):
+        with pytest.raises(ScheduleError, match="unattended"):
+            sc.install(s)
+    assert installed == []
