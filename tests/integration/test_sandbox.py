@@ -100,6 +100,9 @@ PREFLIGHT_CASES = {
     # issue 24: a shard root can read and the service user cannot: found before the load, not by the engine in it
     "unreadable_shard": "model files: measured 1 not readable by user vllm in /srv/models/Kimi-K2.5 "
                         "(model-00031-of-000064.safetensors); expected all readable",
+    # issue 40: an account that existed in a group that hands out root keeps it (ansible.builtin.user does not touch
+    # supplementary groups): the checkpoint's remote code would run with it
+    "privileged_user": "service user vllm: measured member of docker; expected none of the groups that hand out root",
 }
 
 
@@ -127,6 +130,8 @@ def test_03_preflight_failure_changes_nothing(case):
         sh(f"chmod 0600 {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
     elif case == "bad_drafter":
         extra = ["-e", "deployer_drafter_src_dir=/nonexistent/drafter"]
+    elif case == "privileged_user":
+        sh("getent group docker >/dev/null || groupadd --system docker; usermod -aG docker vllm")
     else:
         extra = ["-e", "preflight_disk_margin_gib=100000"]
     try:
@@ -138,6 +143,8 @@ def test_03_preflight_failure_changes_nothing(case):
         sh(f"test -f /root/shard23 && mv /root/shard23 {sbx.MODEL_DIR}/model-00023-of-000064.safetensors; true")
         if case == "unreadable_shard":
             sh(f"chmod {shard31_mode} {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
+        if case == "privileged_user":
+            sh("gpasswd -d vllm docker >/dev/null")
     assert r.returncode == 3, r.stdout + r.stderr
     expect = PREFLIGHT_CASES[case]
     assert expect in " ".join(r.stderr.split()), r.stderr

@@ -123,7 +123,8 @@ service_user_exists:
   returned: with model_dir
   type: bool
 service_user_entry:
-  description: The service user's passwd entry (home, shell, gecos), or null when it does not exist.
+  description: The service user's passwd entry (home, shell, gecos), its supplementary groups and those of them that
+    hand out root or root's secrets (privileged_groups), or null when it does not exist.
   returned: with model_dir
   type: dict
 unreadable:
@@ -152,6 +153,7 @@ files:
 """
 
 import fnmatch
+import grp
 import json
 import os
 import pwd
@@ -272,6 +274,18 @@ def lstat_of(path):
     return dict(type=kind, uid=st.st_uid, gid=st.st_gid, mode="%04o" % stat.S_IMODE(st.st_mode))
 
 
+# Groups whose members are root in all but name (a socket or device that hands out root: docker, lxd, libvirt, disk)
+# or read what root keeps (shadow, adm's logs): remote code in the server would inherit them.  An account that
+# existed before the deployer keeps its groups (ansible.builtin.user does not remove them).
+PRIVILEGED_GROUPS = ("root", "sudo", "wheel", "admin", "adm", "docker", "lxd", "incus-admin", "libvirt", "disk",
+                     "shadow", "kmem", "systemd-journal")
+
+
+def supplementary_groups(user, primary_gid):
+    """The names of the groups ``user`` is a member of besides its primary one."""
+    return sorted(g.gr_name for g in grp.getgrall() if user in g.gr_mem and g.gr_gid != primary_gid)
+
+
 def main():
     m = AnsibleModule(argument_spec=dict(
         model_dir=dict(type="path"),
@@ -296,7 +310,9 @@ def main():
             bad, checked, tensor_bytes = check_shards(d, listed)
         try:
             pw = pwd.getpwnam(p["service_user"])
-            entry = dict(home=pw.pw_dir, shell=pw.pw_shell, gecos=pw.pw_gecos)
+            groups = supplementary_groups(pw.pw_name, pw.pw_gid)
+            entry = dict(home=pw.pw_dir, shell=pw.pw_shell, gecos=pw.pw_gecos, groups=groups,
+                         privileged_groups=[g for g in groups if g in PRIVILEGED_GROUPS])
         except KeyError:
             entry = None
         user_exists = entry is not None
