@@ -142,6 +142,11 @@ def check(target_cfg: dict, drafter_cfg: dict, shapes: dict, engine: str = "vllm
     _n, t2d = _tensor(shapes, "t2d")
     if d2t is not None and d2t != [draft_vocab]:
         refusals.append(f"drafter: d2t has shape {d2t}, expected [draft_vocab_size] = [{draft_vocab}]")
+    if d2t is not None and vocab and draft_vocab == vocab and not eng.loads_d2t_at_full_vocab(version):
+        refusals.append(f"drafter: ships d2t although its draft_vocab_size {draft_vocab} is the target's whole "
+                        f"vocabulary; {label} builds no draft_id_to_target_id then and refuses the checkpoint at load "
+                        "(after the target's weights): drop d2t and t2d from its safetensors (the map is the "
+                        "identity) or use vLLM < 0.30")
     if t2d is not None and vocab and t2d != [vocab]:
         refusals.append(f"drafter: t2d has shape {t2d}, expected [target vocab_size] = [{vocab}]")
     if drafter_cfg.get("vocab_size") and vocab and int(drafter_cfg["vocab_size"]) != vocab:

@@ -105,7 +105,9 @@ def cmdline(pid: int) -> str:
 
 
 def run(out_dir: Path, name: str, argv: list[str], budget: float = 300, after_ready=None, during=None,
-        env_extra=None) -> dict:
+        env_extra=None, exit_wait_seconds: float = 0) -> dict:
+    """One server run, recorded.  ``exit_wait_seconds``: after ``after_ready``, how long the server may take to
+    end by itself (its exit status is what a unit's Restart= sees) before it is stopped."""
     d = out_dir / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "argv.json").write_text(json.dumps(argv))
@@ -143,8 +145,15 @@ def run(out_dir: Path, name: str, argv: list[str], budget: float = 300, after_re
             break
         time.sleep(0.25)
     result["ready_seconds"] = round(ready_at, 3) if ready_at else None
+    CURRENT["p"] = p
     if ready_at and after_ready:
         result["api"] = after_ready()
+    if exit_wait_seconds:
+        try:
+            p.wait(timeout=exit_wait_seconds)
+            result["exited_by_itself_after"] = round(time.time() - t0, 3)
+        except subprocess.TimeoutExpired:
+            pass
     result["exit_before_stop"] = p.poll()
     if p.poll() is None:
         ts = time.time()
@@ -166,6 +175,25 @@ def run(out_dir: Path, name: str, argv: list[str], budget: float = 300, after_re
     return result
 
 
+CURRENT: dict = {}     # the server process of the run in progress (for after_ready callbacks)
+
+
+def engine_core(p) -> int:
+    core = [c for c in children(p.pid) if "EngineCore" in cmdline(c) or "VLLM::EngineCore" in cmdline(c)]
+    return core[0] if core else max(children(p.pid) or [p.pid])
+
+
+def chat_then_kill_engine() -> dict:
+    """``after_ready``: one chat completion, then SIGKILL the engine-core process while the API server serves (the
+    OOM killer's way); the run then waits for the API server to end by itself and records its exit status."""
+    out = {"chat": http("POST", "/v1/chat/completions", {"model": "kimi-k2.5", "max_tokens": 8, "temperature": 0,
+                                                          "messages": [{"role": "user", "content": "hello"}]})}
+    target = engine_core(CURRENT["p"])
+    out["sigkill"] = {"pid": target, "cmdline": cmdline(target)[:200], "t": time.time()}
+    os.kill(target, signal.SIGKILL)
+    return out
+
+
 def sigkill_engine_at(phase_line: str):
     """``during``: once the output shows ``phase_line``, SIGKILL the engine-core process (what the kernel's OOM
     killer does to the largest process: no message, no traceback)."""
@@ -174,8 +202,7 @@ def sigkill_engine_at(phase_line: str):
         while time.time() < deadline and p.poll() is None:
             data = (d / "output.bin").read_bytes() if (d / "output.bin").exists() else b""
             if phase_line.encode() in data:
-                core = [c for c in children(p.pid) if "EngineCore" in cmdline(c) or "VLLM::EngineCore" in cmdline(c)]
-                target = core[0] if core else max(children(p.pid) or [p.pid])
+                target = engine_core(p)
                 os.kill(target, signal.SIGKILL)
                 events.append({"t": round(time.time() - t0, 3), "sigkill": target, "cmdline": cmdline(target)[:200]})
                 return
@@ -228,6 +255,12 @@ def main() -> int:
                 cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": cfg.pop("eagle_aux_hidden_state_layer_ids")}
                 (d / "config.json").write_text(json.dumps(cfg, indent=1))
             run(out, "nested_drafter", argv_for(str(m / "target"), str(d)), budget=300, after_ready=api_checks)
+        elif s == "death_while_serving":   # issue 41: the exit status of an API server whose engine died
+            # vLLM >= 0.30 refuses a full-vocabulary drafter that ships d2t (make_models' has one): drafter_fullvocab
+            # is the same drafter without d2t/t2d when it exists
+            d = m / "drafter_fullvocab" if (m / "drafter_fullvocab").exists() else m / "drafter"
+            run(out, "death_while_serving", argv_for(str(m / "target"), str(d)), budget=900,
+                after_ready=chat_then_kill_engine, exit_wait_seconds=120)
         elif s == "kimi_wrapper":
             run(out, "kimi_wrapper", argv_for(str(m / "kimi"), str(m / "drafter")), budget=300, after_ready=api_checks)
         else:

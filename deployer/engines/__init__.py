@@ -90,6 +90,11 @@ class Engine:
         None when it takes the checkpoint's."""
         return None
 
+    def loads_d2t_at_full_vocab(self, version: str = "") -> bool:
+        """Whether this release loads a drafter that ships ``d2t`` although its draft vocabulary is the target's
+        whole vocabulary (an identity map)."""
+        return True
+
     def proposer_reads(self, target_cfg: dict, version: str = "") -> list[str]:
         """Fields of the target's config this release's EAGLE proposer reads when it loads the drafter (after the
         target's weights): each must be there, or the load dies at its end."""

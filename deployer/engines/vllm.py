@@ -95,6 +95,17 @@ class VLLM(Engine):
     PROPOSER_TARGET_FIELDS = {"KimiK25ForConditionalGeneration": ("media_placeholder_token_id",)}
     PROPOSER_READS_BEFORE = (0, 34)
 
+    # From 0.30 llama_eagle3.py builds draft_id_to_target_id only when draft_vocab_size differs from the target's
+    # vocabulary, and a checkpoint that ships d2t anyway fails the drafter's load ("There is no module or parameter
+    # named 'draft_id_to_target_id' in Eagle3LlamaForCausalLM": vLLM 0.32 on a CPU, issue 41).  0.29.0's source has no
+    # such branch, 0.30.0's has (the wheels, read 2026-12-05); tests/vllm checks 0.18 and 0.33.
+    D2T_FULL_VOCAB_REFUSED_FROM = (0, 30)
+
+    def loads_d2t_at_full_vocab(self, version=""):
+        from deployer.serve_sglang import parse_version
+        v = parse_version(version) if version else None
+        return not (v and v[:2] >= self.D2T_FULL_VOCAB_REFUSED_FROM)
+
     def proposer_reads(self, target_cfg, version=""):
         from deployer.serve_sglang import parse_version
         v = parse_version(version) if version else None

@@ -109,3 +109,20 @@ def test_a_kimi_config_without_the_field_vllm_s_eagle_proposer_reads_is_refused(
     assert fit.check(schema5, drafter_config(), shapes, "vllm", "0.34.0")["refusals"] == []
     bare = dict(kimi["text_config"], architectures=["DeepseekV3ForCausalLM"])       # a bare DeepSeek-V3 target
     assert fit.check(bare, drafter_config(), shapes, "vllm", "0.33.0")["refusals"] == []
+
+
+def test_a_full_vocabulary_drafter_that_ships_d2t_is_refused_where_vllm_refuses_it():
+    """vLLM >= 0.30 builds no draft_id_to_target_id when the drafter's vocabulary is the target's, and a checkpoint
+    that ships d2t then fails at load (issue 41: the real vLLM 0.32 on a CPU, after the target's weights).  0.20 loaded
+    the same drafter (the H200 recordings)."""
+    full = dict(TINY_DRAFTER, draft_vocab_size=4096, eagle_aux_hidden_state_layer_ids=[1, 3, 4])
+    shapes = dict(TINY_SHAPES, d2t=[4096], **{"lm_head.weight": [4096, 1024]})
+    for version in ("0.20.0", "0.29.0"):
+        assert fit.check(TINY_TARGET, full, shapes, "vllm", version)["refusals"] == [], version
+    for version in ("0.30.0", "0.32.0", "0.33.0"):
+        r = fit.check(TINY_TARGET, full, shapes, "vllm", version)["refusals"]
+        assert any("ships d2t although its draft_vocab_size 4096" in x and f"vLLM {version}" in x for x in r), r
+    no_map = {k: v for k, v in shapes.items() if k not in ("d2t", "t2d")}
+    assert fit.check(TINY_TARGET, full, no_map, "vllm", "0.33.0")["refusals"] == []
+    small = dict(TINY_DRAFTER, eagle_aux_hidden_state_layer_ids=[1, 3, 4])          # draft vocab 1024 < 4096
+    assert fit.check(TINY_TARGET, small, TINY_SHAPES, "vllm", "0.33.0")["refusals"] == []

@@ -244,3 +244,17 @@ def test_the_target_fields_the_drafter_check_requires_are_what_each_release_s_pr
                 reads |= set(re.findall(r"target_model\.config\.(\w+)", src[m.end():m.end() + 400])[:1])
     want = set(VLLM().proposer_reads({"architectures": ["KimiK25ForConditionalGeneration"]}, version))
     assert reads == want, (version, reads, want)
+
+
+@pytest.mark.parametrize("version", ["0.16.0", "0.18.0", "0.33.0", "0.34.0"])
+def test_the_d2t_rule_of_the_drafter_check_is_what_each_release_s_drafter_loader_does(version):
+    """engines/vllm.py's loads_d2t_at_full_vocab against the release's own llama_eagle3.py: from 0.30 it builds
+    draft_id_to_target_id only for a draft vocabulary smaller than the target's (a shipped d2t then has nowhere to
+    load)."""
+    import zipfile
+
+    from deployer.engines.vllm import VLLM
+    from vllm_wheels import wheel
+    src = zipfile.ZipFile(wheel(version)).read("vllm/model_executor/models/llama_eagle3.py").decode()
+    conditional = "draft_vocab_size != target_vocab_size" in src
+    assert VLLM().loads_d2t_at_full_vocab(version) is (not conditional), version
