@@ -23,7 +23,7 @@ What a deployer can see of SGLang, taken from the SGLang installed in this venv 
     only every ``decode_log_interval`` (40) decode steps (``scheduler_components/metrics_reporter.py``): a short
     request on a fresh server leaves them at 0.
 Rehearsal knobs: those of standin.py that apply (crash_phase weights|kv_cache|graphs, stall_phase,
-acceptance_rate, no_drafts, chat_status, empty_reply, only_if_arg, load_seconds, phase_seconds), and
+acceptance_rate, no_drafts, chat_status, empty_reply, reasoning_only, only_if_arg, load_seconds, phase_seconds), and
 health_generate_seconds (how long /health's generation takes once up).
 """
 import argparse
@@ -269,7 +269,9 @@ def make_handler(a, metrics, api_key, k):
             body = {"id": "standin-%d" % int(time.time() * 1000), "object": "chat.completion",
                     "created": int(time.time()), "model": name,
                     "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
+                                 "message": ({"role": "assistant", "content": None, "reasoning_content": text}
+                                             if k.get("reasoning_only") else
+                                             {"role": "assistant", "content": text})}],
                     "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": gen,
                               "total_tokens": len(prompt.split()) + gen}}
             self._send(200, json.dumps(body).encode())

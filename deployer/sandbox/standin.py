@@ -23,6 +23,7 @@ stall_phase, phase_seconds {phase: s}, acceptance_rate, crash_after_ready_second
 unhealthy_after_ready_seconds (/health answers 503, the process lives on, as when the
 engine core died), hang_after_ready_seconds (accepts connections, never answers), and
 chat_status (the chat endpoint answers this HTTP status), empty_reply (empty completion text),
+reasoning_only (the text in vLLM's `reasoning` field, content null: a thinking template's short answer),
 no_drafts (the drafter never proposes), fatal_line_phase (log an NCCL error line in that phase and
 hang, the process alive), and only_if_arg (a string: every failure knob applies only when some
 argv word equals it, so a new release can fail while the previous one still starts).
@@ -439,7 +440,9 @@ def make_handler(args, metrics, api_key, started, k=None):
             body = {"id": "chatcmpl-standin-%d" % int(time.time() * 1000), "object": "chat.completion",
                     "created": int(time.time()), "model": name,
                     "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
+                                 "message": ({"role": "assistant", "content": None, "reasoning": text}
+                                             if k.get("reasoning_only") else
+                                             {"role": "assistant", "content": text})}],
                     "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": gen,
                               "total_tokens": len(prompt.split()) + gen}}
             self._send(200, json.dumps(body).encode())

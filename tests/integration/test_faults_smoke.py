@@ -71,6 +71,20 @@ def test_smoke_failures_roll_back(case, knob, expect):
     assert sh(H, "readlink /opt/deployer/current") == live and health() == "200"
 
 
+def test_an_answer_that_is_all_reasoning_is_a_good_load():
+    """Kimi's template thinks first: with a reasoning parser a short answer lands entirely in the reasoning field
+    (vLLM's `reasoning`), content null.  The smoke took that for no text and rolled a good load back (issue 42)."""
+    live = sh(H, "readlink /opt/deployer/current")
+    knobs(reasoning_only=True)
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.834", *FAST)
+    finally:
+        knobs()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'served: "(reasoning) Sandbox stand-in reply' in flat(r.stderr), r.stderr
+    assert sh(H, "readlink /opt/deployer/current") != live and health() == "200"
+
+
 def test_no_rollback_leaves_the_failed_release_for_debugging():
     live = sh(H, "readlink /opt/deployer/current")
     r = fail_with("0.841", ["--no-rollback"], crash_phase="compile", load_seconds=3)
