@@ -93,3 +93,25 @@ def test_a_release_id_does_not_depend_on_its_secrets():
     b = make_plan(settings(api_key="rotated", hf_token="t2", allow_unauthenticated=False), drafter)
     assert release_id(a, "fp") == release_id(b, "fp")
     assert "old" not in str(a["release_inputs"]) and "rotated" not in str(b["release_inputs"])
+
+
+def test_the_golden_unit_s_hardening_score_is_what_docs_hardening_md_says(tmp_path):
+    """docs/hardening.md: 9.6 -> 1.9 by systemd's own offline score of the golden unit (claimed, never exercised:
+    the test audit of issue 40).  A directive dropped from the template raises it."""
+    import re
+    import shutil
+    import subprocess
+
+    from deployer import tools
+    unit = tmp_path / "deployer-engine.service"
+    shutil.copy(ROOT / "tests" / "golden" / "deployer-engine.service", unit)
+    def exposure(path):
+        r = subprocess.run([tools.system("systemd-analyze"), "security", "--offline=true", str(path)],
+                           capture_output=True, text=True)
+        return float(re.search(r"Overall exposure level for \S+: ([\d.]+)", r.stdout).group(1)), r.stdout
+    score, r_out = exposure(unit)
+    assert score <= 2.0, r_out[-2000:]
+    weaker = tmp_path / "weaker" / "deployer-engine.service"
+    weaker.parent.mkdir()
+    weaker.write_text(unit.read_text().replace("CapabilityBoundingSet=\n", "").replace("PrivateTmp=yes\n", ""))
+    assert exposure(weaker)[0] > score
