@@ -11,13 +11,18 @@ from pathlib import Path
 from helpers import ROOT
 
 
-def module(tmp_path, name, args):
+def run_module(tmp_path, name, args):
+    """``ansible localhost -m <name>`` as the playbooks run it: the completed process."""
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
            "ANSIBLE_LOAD_CALLBACK_PLUGINS": "0"}
-    r = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-o",
-                        "-e", f"ansible_python_interpreter={sys.executable}", "-m", name, "-a", json.dumps(args)],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    return subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-o",
+                           "-e", f"ansible_python_interpreter={sys.executable}", "-m", name, "-a", json.dumps(args)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def module(tmp_path, name, args):
+    r = run_module(tmp_path, name, args)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout.split("=>", 1)[1])
 
@@ -46,17 +51,11 @@ def test_the_lock_holder_and_the_audit_trail_are_root_s_alone(tmp_path):
 def test_a_unit_systemd_refuses_is_not_recorded_as_a_release(tmp_path):
     """render's own gate (docs/security.md rule 2, claimed and never exercised): systemd-analyze verify refuses the
     unit, the module fails with systemd's words, and no release.json marks the directory as a release."""
-    import subprocess as sp
     bad = "[Unit]\nDescription=x\n\n[Service]\nExecStart=/opt/deployer/venvs/missing/bin/python -V\n"
     d = tmp_path / "releases" / "r1"
     args = {"dir": str(d), "files": [{"name": "x.service", "content": bad}], "manifest": {"id": "r1"},
             "unit": "x.service", "live_unit_path": str(tmp_path / "live.service")}
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
-           "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"),
-           "ANSIBLE_LOAD_CALLBACK_PLUGINS": "0"}
-    r = sp.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-o",
-                "-e", f"ansible_python_interpreter={sys.executable}", "-m", "release_render", "-a", json.dumps(args)],
-               capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    r = run_module(tmp_path, "release_render", args)
     assert r.returncode != 0 and "systemd-analyze verify refused" in r.stdout, r.stdout + r.stderr
     assert "is not executable" in r.stdout                                # systemd's own reason
     assert not (d / "release.json").exists()
