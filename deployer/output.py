@@ -22,10 +22,13 @@ from rich.markup import escape
 from rich.progress import ProgressColumn
 from rich.text import Text
 
-# What a terminal would act on, in text a host, an engine or a model wrote: C0 but tab and line feed (ESC starts
-# CSI/OSC sequences: clear the screen, set the title, OSC 52 writes the clipboard), DEL, C1 (U+009B is a one-byte
-# CSI), the Unicode line ends, and the bidirectional overrides that make a line read other than its bytes.
-_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+from deployer.ansible_plugins.module_utils import formats
+
+# What a terminal would act on, in text a host, an engine or a model wrote: every control character the line formats
+# refuse (formats.py: C0 - ESC starts CSI/OSC sequences: clear the screen, set the title, OSC 52 writes the
+# clipboard -, DEL, C1 - U+009B is a one-byte CSI -, U+2028/9) but tab and line feed, and the bidirectional
+# overrides that make a line read other than its bytes.
+_TERMINAL_CONTROL = re.compile(f"(?![\t\n]){formats.CONTROL.pattern}|[\u202a-\u202e\u2066-\u2069]")
 SHOWN_CHARS = 16000     # a 40-line journal tail fits; one 48 KB journal line does not flood the terminal
 
 

@@ -28,7 +28,7 @@ import re
 
 # Every character a reader of these formats (or Python's own str.splitlines) may take as the end of a line,
 # and every other control character.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class FormatError(ValueError):
@@ -37,7 +37,7 @@ class FormatError(ValueError):
 
 def control_char(value):
     """The first control character in ``value`` as ``'\\r' (U+000D)``, or "" when there is none."""
-    m = _CONTROL.search(value)
+    m = CONTROL.search(value)
     if not m:
         return ""
     return "%r (U+%04X)" % (m.group(0), ord(m.group(0)))
@@ -49,7 +49,7 @@ def _refuse_control(value, what):
     if bad:
         raise FormatError("%s contains the control character %s at position %d, which would end its line in the "
                           "file (or be read as something else); the value is not shown (it may be a secret)"
-                          % (what, bad, _CONTROL.search(value).start()))
+                          % (what, bad, CONTROL.search(value).start()))
 
 
 def unit_word(value, what="argv word"):
