@@ -24,6 +24,7 @@ unhealthy_after_ready_seconds (/health answers 503, the process lives on, as whe
 engine core died), hang_after_ready_seconds (accepts connections, never answers), and
 chat_status (the chat endpoint answers this HTTP status), empty_reply (empty completion text),
 reasoning_only (the text in vLLM's `reasoning` field, content null: a thinking template's short answer),
+reply_text (the completion's text), crash_text (appended to crash_phase's root-cause line: what a model prints),
 no_drafts (the drafter never proposes), fatal_line_phase (log an NCCL error line in that phase and
 hang, the process alive), and only_if_arg (a string: every failure knob applies only when some
 argv word equals it, so a new release can fail while the previous one still starts).
@@ -433,6 +434,8 @@ def make_handler(args, metrics, api_key, started, k=None):
             max_tokens = int(req.get("max_tokens") or 16)
             text = "Sandbox stand-in reply (%s): %s" % ("EAGLE-3 on" if metrics.spec else "no speculation",
                                                          prompt[:40])
+            if k.get("reply_text") is not None:
+                text = str(k["reply_text"])
             if k.get("empty_reply"):
                 text = ""
             gen = min(max_tokens, max(1, len(text.split()))) if text else 1
@@ -491,7 +494,8 @@ class Load(object):
             if name == "weights":  # real vLLM dies part-way through the shard bar
                 bar(self.shards_desc, self.shards, min(self.ps[name], 1.0), self.bar_format, stop_at=self.shards // 4)
             time.sleep(min(self.ps[name], 1.0))
-            die(*base.CRASHES[name])
+            exc_type, message = base.CRASHES[name]
+            die(exc_type, message + str(self.k.get("crash_text") or ""))
 
     def model(self, args, spec):
         """V1's GPUModelRunner.load_model: target weights, drafter, THEN the EAGLE-3 interface check.  Model Runner

@@ -85,6 +85,35 @@ def test_an_answer_that_is_all_reasoning_is_a_good_load():
     assert sh(H, "readlink /opt/deployer/current") != live and health() == "200"
 
 
+# What an engine or a model may print: Rich markup that does not close, a tensor-parallel prefix, terminal escapes
+# (clear the screen, set the title, a clipboard write), a fake success line.
+HOSTILE = ("weights at [/models/kimi] [/INST] [/] [rank0]: \x1b]0;owned\x1b\\\x1b[2J\x1b[1;32mdeploy OK\x1b[0m "
+           "\x1b]52;c;ZWNobyBwd25lZA==\x07 \x9b31m")
+
+
+def test_a_hostile_fatal_line_and_reply_are_shown_literally_and_change_nothing_else():
+    """Issue 40: one [/...] in a fatal journal line killed the CLI (MarkupError) and with it the playbook, before the
+    rollback put the last live release back.  Now the failed load rolls back exactly as any other, the line is shown
+    as written, and no escape reaches the terminal; a served reply holding the same is a good deploy."""
+    live = sh(H, "readlink /opt/deployer/current")
+    r = fail_with("0.835", crash_phase="kv_cache", load_seconds=3, crash_text=HOSTILE)
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "\x1b" not in out and "\x9b" not in out and "\x07" not in out, repr(out[-3000:])
+    err = flat(r.stderr)
+    assert "deploy failed in stage 'watch'; rolled back to the last live release" in err, err
+    assert "[/models/kimi] [/INST] [/] [rank0]:" in err, err
+    assert sh(H, "readlink /opt/deployer/current") == live and health() == "200"
+    knobs(reply_text="Sure. " + HOSTILE)
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.836", *FAST)
+    finally:
+        knobs()
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "\x1b" not in out and "\x9b" not in out, repr(out[-3000:])
+    assert 'served: "Sure. weights at [/models/kimi] [/INST]' in flat(r.stderr), r.stderr
+
+
 def test_no_rollback_leaves_the_failed_release_for_debugging():
     live = sh(H, "readlink /opt/deployer/current")
     r = fail_with("0.841", ["--no-rollback"], crash_phase="compile", load_seconds=3)
