@@ -328,21 +328,22 @@ def test_a_changed_drafter_is_a_new_release_and_is_shipped(tmp_path):
     assert r.returncode == 2 and "no host matched" in flat(r.stderr)
 
 
-def test_a_drafter_checksum_mismatch_on_the_host_is_refused_before_any_restart():
-    """The host checks every drafter file against the controller's sha256; a mismatch ships nothing into the store."""
+def test_a_drafter_checksum_mismatch_on_the_host_is_refused_before_any_restart(tmp_path):
+    """The host checks every drafter file against the controller's sha256; a mismatch ships nothing into the store.
+    The wrong sha256 comes from a poisoned copy of the controller's hash cache (XDG_CACHE_HOME of this one run):
+    the shared cache is never touched, so a run killed here leaves no poison behind (it once did: every later deploy
+    of that sandbox slot failed its drafter check until the cache was cleared)."""
     from deployer import drafter
     from deployer.sandbox import hosts as sb
     data = json.loads(drafter.CACHE.read_text())
     mine = str(sb.STATE / "drafter" / "model.safetensors")      # this sandbox slot's drafter only
     good = {k: v for k, v in data.items() if k.split("|")[0] == mine}
     assert good, "the drafter's hash is cached by the deploys before this test"
-    # under the cache's own lock, as a deploy writes it: other workers' deploys share the file
-    drafter._merge_into_cache(dict.fromkeys(good, "0" * 64))
+    poisoned = tmp_path / "cache" / "deployer" / "hashes.json"
+    poisoned.parent.mkdir(parents=True)
+    poisoned.write_text(json.dumps(dict(data, **dict.fromkeys(good, "0" * 64))))
     stores, pid = set(sh(H, "ls /opt/deployer/drafters").split()), main_pid(H)
-    try:
-        r = up()
-    finally:
-        drafter._merge_into_cache(good)
+    r = up(env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert r.returncode == 1, r.stdout + r.stderr
     assert stages(r.stderr, H)["drafter"] == "failed" and "model.safetensors: FAILED" in r.stderr
     assert set(sh(H, "ls /opt/deployer/drafters").split()) == stores and main_pid(H) == pid   # nothing in use changed
