@@ -83,6 +83,7 @@ def test_an_answer_that_is_all_reasoning_is_a_good_load():
     assert r.returncode == 0, r.stdout + r.stderr
     assert 'served: "(reasoning) Sandbox stand-in reply' in flat(r.stderr), r.stderr
     assert sh(H, "readlink /opt/deployer/current") != live and health() == "200"
+    assert up(*FAST).returncode == 0 and sh(H, "readlink /opt/deployer/current") == live   # the defaults again
 
 
 # What an engine or a model may print: Rich markup that does not close, a tensor-parallel prefix, terminal escapes
@@ -112,6 +113,7 @@ def test_a_hostile_fatal_line_and_reply_are_shown_literally_and_change_nothing_e
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "\x1b" not in out and "\x9b" not in out, repr(out[-3000:])
     assert 'served: "Sure. weights at [/models/kimi] [/INST]' in flat(r.stderr), r.stderr
+    assert up(*FAST).returncode == 0 and sh(H, "readlink /opt/deployer/current") == live   # the defaults again
 
 
 def test_no_rollback_leaves_the_failed_release_for_debugging():
