@@ -23,6 +23,8 @@ import json
 import struct
 from pathlib import Path
 
+from deployer.ansible_plugins.module_utils.safetensors_header import size_int
+
 # EAGLE-3.1 config flags no supported engine release reads: a drafter trained with them behaves differently here
 IGNORED_FLAGS = ("fc_norm", "norm_output", "norm_before_residual")
 
@@ -51,18 +53,15 @@ def safetensors_shapes(path: Path) -> dict:
         if k == "__metadata__" or not isinstance(v, dict):
             continue
         shape, offsets = v.get("shape"), v.get("data_offsets")
-        if not (isinstance(shape, list) and all(_dim(x) for x in shape)):
+        if not (isinstance(shape, list) and all(size_int(x) for x in shape)):
             raise DrafterFitError(f"{path}: tensor {k[:80]!r}: shape {str(shape)[:80]} is not a list of integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_dim(x) for x in offsets)
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(size_int(x) for x in offsets)
                 and offsets[0] <= offsets[1]):
             raise DrafterFitError(f"{path}: tensor {k[:80]!r}: data_offsets is not two ascending non-negative "
                                   "integers")
         shapes[k] = shape
     return shapes
 
-
-def _dim(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def read_drafter(src_dir: str) -> tuple[dict, dict]:

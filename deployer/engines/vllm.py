@@ -68,10 +68,15 @@ class VLLM(Engine):
     # falls back to eagle_config's ids and the drafter sizes fc by their count.
     NESTED_IDS_FROM = (0, 22)
 
-    def _reads_nested(self, version):
+    @staticmethod
+    def _at_least(version, minor):
+        """Whether ``version`` (a release like 0.30.1; "" unknown: False) is ``minor`` (0, 30) or later."""
         from deployer.serve_sglang import parse_version
         v = parse_version(version) if version else None
-        return bool(v) and v[:2] >= self.NESTED_IDS_FROM
+        return bool(v) and v[:2] >= minor
+
+    def _reads_nested(self, version):
+        return self._at_least(version, self.NESTED_IDS_FROM)
 
     def aux_layers(self, drafter_cfg, num_layers, version=""):
         top = drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
@@ -102,14 +107,10 @@ class VLLM(Engine):
     D2T_FULL_VOCAB_REFUSED_FROM = (0, 30)
 
     def loads_d2t_at_full_vocab(self, version=""):
-        from deployer.serve_sglang import parse_version
-        v = parse_version(version) if version else None
-        return not (v and v[:2] >= self.D2T_FULL_VOCAB_REFUSED_FROM)
+        return not self._at_least(version, self.D2T_FULL_VOCAB_REFUSED_FROM)
 
     def proposer_reads(self, target_cfg, version=""):
-        from deployer.serve_sglang import parse_version
-        v = parse_version(version) if version else None
-        if v and v[:2] >= self.PROPOSER_READS_BEFORE:
+        if self._at_least(version, self.PROPOSER_READS_BEFORE):
             return []
         return [f for a in target_cfg.get("architectures") or [] for f in self.PROPOSER_TARGET_FIELDS.get(a, ())]
 

@@ -33,7 +33,7 @@ def check_shard(path, max_header=100 << 20):
         if name == "__metadata__":
             continue
         offsets = t.get("data_offsets") if isinstance(t, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_size(x) for x in offsets)
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(size_int(x) for x in offsets)
                 and offsets[0] <= offsets[1]):
             return None, "tensor %s: data_offsets is not two ascending non-negative integers" % _shown(name), 0
         ends.append(offsets[1])
@@ -43,7 +43,8 @@ def check_shard(path, max_header=100 << 20):
     return expected, None, max(ends or [0])
 
 
-def _size(x):
+def size_int(x):
+    """A header's integer (an offset, a dimension): an int, not a bool, not negative."""
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
