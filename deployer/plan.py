@@ -204,7 +204,10 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     sc = dirs["server_cache"]
     # every cache the engine writes lives in the service user's home, shared by releases (warm restarts)
     env = {"TRITON_CACHE_DIR": f"{sc}/triton", "HF_HOME": f"{sc}/huggingface", "XDG_CACHE_HOME": f"{sc}/xdg"}
-    env.update(eng.env(s, sc))
+    try:
+        env.update(eng.env(s, sc))
+    except engines.EngineError as e:
+        raise PlanError(str(e)) from e
     for k, v in sorted({**(s.get("nccl_env") or {}), **(s.get("env_extra") or {})}.items()):
         if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):   # systemd's own rule
             raise PlanError(f"environment variable name: got {k!r}, expected [A-Za-z_][A-Za-z0-9_]*")
