@@ -69,6 +69,20 @@ prepare_engine() {
   fi
 }
 prepare_vllm() { prepare_engine vllm "${1:-0.16.0}"; }
+# The real-engine sandbox's vLLM (its CPU build, ~6 GB): the pin and its overrides from deployer/sandbox/real_engine.py
+prepare_real_engine() {
+  local pkg v overrides
+  read -r pkg v overrides < <("$VENV/bin/python" -m deployer.sandbox.real_engine)
+  local d=$CACHE/venvs/$pkg-$v
+  if [ ! -f "$d/.deployer-installed" ]; then
+    echo "setup: preparing $pkg $v (cached at $d; ~3-8 min the first time)"
+    rm -rf "$d"
+    "$VENV/bin/uv" venv -q -p "$PY" "$d"
+    printf '%s\n' $overrides > "$d/.overrides.txt"
+    "$VENV/bin/uv" pip install -q -p "$d/bin/python" --override "$d/.overrides.txt" "$pkg==$v"
+    echo "$v" > "$d/.deployer-installed"
+  fi
+}
 # Bytecode for the cached wheels, once (scripts/precompile_uv_cache.py says why: a sandbox install ~42 -> ~4 CPU-s)
 precompile_uv_cache() { "$PY" scripts/precompile_uv_cache.py "$UV_CACHE_DIR" "$CACHE"; }
 prepare_sglang() { prepare_engine sglang "${1:-0.5.23}"; }
@@ -85,13 +99,13 @@ prepare_plain_ansible() {
 }
 
 case "${1:-}" in
-  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible; precompile_uv_cache ;;
+  setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_real_engine; prepare_plain_ansible; precompile_uv_cache ;;
   demo)
     apt_deps; py_deps; prepare_vllm 0.16.0
     "$VENV/bin/deployer" sandbox start
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
-    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_plain_ansible; precompile_uv_cache
+    apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_real_engine; prepare_plain_ansible; precompile_uv_cache
     # three workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py); most of a
     # sandbox test waits on loads and SSH, so three fit two cores (four were slower: session 18, 1640 s against
     # 1552 s, every module longer on the shared cores); --durations says where the time goes;

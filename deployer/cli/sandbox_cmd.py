@@ -18,12 +18,16 @@ def start(hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=20, hel
           balancer: Annotated[bool, typer.Option("--balancer", help="One more host running HAProxy in front of "
                                                   "them (inventory group balancer).")] = False,
           sudo: Annotated[bool, typer.Option("--sudo", help="Hosts that refuse root over SSH: the deployer logs in "
-                                              "as 'deploy' and becomes root with sudo.")] = False):
+                                              "as 'deploy' and becomes root with sudo.")] = False,
+          real_engine: Annotated[bool, typer.Option(
+              "--real-engine", help="Hosts that serve the real vLLM (its CPU build, ~6 GB in the controller's package "
+                                    "cache) and a tiny real Kimi-K2.5 instead of the stand-in (docs/real-engine.md).")
+          ] = False):
     """Start N sandbox hosts (sbx1..sbxN) and write their inventory."""
     from deployer.sandbox import hosts as sb
     t0 = time.time()
     try:
-        started = sb.start(hosts, balancer=balancer, sudo=sudo)
+        started = sb.start(hosts, balancer=balancer, sudo=sudo, real_engine=real_engine)
     except sb.SandboxError as e:
         die(Exit.FAILED, str(e))
     for h in started:

@@ -78,6 +78,11 @@ def is_balancer(h: Host) -> bool:
     return _role(h) == "balancer"
 
 
+def is_real(h: Host | str) -> bool:
+    """A host that serves the real vLLM (``start(real_engine=True)``; real_engine.py)."""
+    return _role(host(int(h[3:])) if isinstance(h, str) else h) == "real"
+
+
 def is_sudo(h: Host | str) -> bool:
     """A host that refuses root over SSH (``start(sudo=True)``)."""
     return _role(host(int(h[3:])) if isinstance(h, str) else h) == "sudo"

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from deployer import tools
+from deployer.sandbox import real_engine
 from deployer.sandbox.checkpoints import write_model_dir
 from deployer.sandbox.common import (
     APT_PACKAGES,
@@ -58,6 +59,7 @@ from deployer.sandbox.common import (
     SandboxError,
     host,
     hosts_on_disk,
+    is_real,
     is_sudo,
 )
 from deployer.sandbox.common import run as _run
@@ -154,6 +156,8 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache
     (knobs / "standin.json").write_text("{}\n")
     (knobs / "README").write_text("SANDBOX host: nvidia-smi and the vLLM stand-in read these rehearsal knobs.\n")
     write_model_dir(upper / MODEL_DIR.lstrip("/"))
+    if is_real(h):
+        real_engine.write_host_files(upper)
     # the host's package cache, hard-linked from the controller's uv cache (see module docstring); ~250,000 entries
     # to link in and unlink again (~10 CPU-s a boot), so only for a host that may install (``package_cache``)
     cache = uv_cache_dir()
@@ -318,12 +322,15 @@ def wait_ssh(h: Host, timeout: float = 60.0) -> None:
 
 
 def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | None = None,
-          cold: tuple[int, ...] = (), package_cache: bool = True) -> list[Host]:
+          cold: tuple[int, ...] = (), package_cache: bool = True, real_engine: bool = False) -> list[Host]:
     """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer); with
     ``sudo`` the gpu hosts refuse root over SSH and the deployer logs in as ``deploy`` and uses sudo; with ``seed``
     (a directory save_seed filled) the gpu hosts boot with its finished venvs in place, but those numbered in
     ``cold``; ``package_cache=False``: the gpu hosts get no package cache (they can install nothing; the balancer
-    never has one)."""
+    never has one); ``real_engine``: the gpu hosts serve the real vLLM (its CPU build) and a tiny real Kimi-K2.5
+    (real_engine.py) instead of the stand-in."""
+    if sudo and real_engine:
+        raise SandboxError("a sandbox host is a sudo host or a real-engine host, not both")
     missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
     if balancer and not tools.find("haproxy"):
         missing.append("haproxy")
@@ -332,9 +339,9 @@ def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | N
                            + " ".join(APT_PACKAGES))
     for i in range(1, n + 1):
         (host(i).dir / "role").unlink(missing_ok=True)
-        if sudo:
+        if sudo or real_engine:
             host(i).dir.mkdir(parents=True, exist_ok=True)
-            (host(i).dir / "role").write_text("sudo\n")
+            (host(i).dir / "role").write_text("sudo\n" if sudo else "real\n")
     if balancer:
         lb = host(n + 1)
         lb.dir.mkdir(parents=True, exist_ok=True)

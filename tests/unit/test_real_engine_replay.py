@@ -223,3 +223,33 @@ def test_an_engine_killed_while_serving_ends_the_real_server_with_status_0_which
     assert r["phases"][-1] == "ready" and r["root_cause"][0] == "killed" and "EngineDeadError" in r["root_cause"][1]
     unit = (ROOT / "tests" / "golden" / "deployer-engine.service").read_text()
     assert re.findall(r"^Restart=(\S+)$", unit, re.M) == ["always"]
+
+
+def _journal(run):
+    """A real deploy's journal on a real-engine sandbox host (`journalctl -u deployer-engine -o json`: message and
+    arrival time), fed to the watcher as engine_watch feeds it."""
+    from deployer.ansible_plugins.module_utils import engine_logs as V
+    st, phases, t = V.LoadState("vllm"), [], 0.0
+    for line in (CPU_RUNS / run / "journal.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        t = e["t"]
+        st.feed(e["m"], t)
+        if not phases or phases[-1] != st.phase:
+            phases.append(st.phase)
+    return list(dict.fromkeys(phases)), st.snapshot(t)    # first entered (the EAGLE head compiles after the KV line)
+
+
+@pytest.mark.parametrize("run, unusable", [("sandbox_cold", None), ("sandbox_warm", "'function' object has no "
+                                                                                      "attribute 'finalize_loading'")])
+def test_the_cpu_build_s_load_goes_through_its_own_phases_and_says_its_compile_cache_missed(run, unusable):
+    """vLLM 0.32's CPU build, deployed by `deployer up` on a real-engine sandbox host (KimiK25ForConditionalGeneration
+    with EAGLE-3): it compiles while it "warms up" (no torch.compile total), sizes a CPU KV cache and captures no
+    CUDA graph.  On 5ba0259's rules the compile phase was never entered (the 36 s of compiling were counted as
+    "loading drafter") and a CUDA-graph phase was shown that a CPU engine never has.  Every restart misses the
+    compile cache on this build (vLLM says why: its AOT loader's own error) - the watcher says so."""
+    phases, snap = _journal(run)
+    assert phases == ["starting", "weights", "drafter", "compile", "kv_cache", "api", "ready"]
+    facts = snap["facts"]
+    assert facts["compile_cache"] == "miss" and facts.get("compile_cache_unusable") == unusable
+    assert facts["kv_cache_device"] == "CPU" and facts["kv_cache_tokens"] == 161280
+    assert facts["engine_init_seconds"] > 0

@@ -36,15 +36,20 @@ RX = {
     # Model Runner V2 loads the drafter right after the EAGLE-3 check's aux-layers line, with no line of its own
     "drafter": re.compile(r"Loading drafter model|Using Eagle3 auxiliary layers from (?:model|config)"),
     "model_took": re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"),
+    # the CPU build (cpu_model_runner.py) compiles while it warms the model up, with no total of its own
     "compile": re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total|Dynamo bytecode transform time|"
-                          r"Using cache directory: .*torch_compile_cache"),
+                          r"Using cache directory: .*torch_compile_cache|Warming up model for the compilation"),
     # a warm start: 0.16/0.18 "Directly load the compiled graph(s) ... from the cache"; 0.20+ (recorded on an H200,
     # docs/real-engine.md) "Directly load AOT compilation from path ..." after a sub-second "Compiling a graph"
     "compile_hit": re.compile(r"Directly load the compiled graph\(s\) for compile range .* from the cache, took|"
                               r"Directly load AOT compilation from path"),
-    "compile_miss": re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s"),
-    "kv": re.compile(r"GPU KV cache size: ([\d,]+) tokens|Available KV cache memory: ([\d.]+) GiB"),
-    "warmup_run": re.compile(r"Initial profiling/warmup run took ([\d.]+) s"),
+    # a cold compile saves what it compiled (0.20+, GPU and CPU); a cache vLLM found but could not use says why
+    # (0.32's CPU build, every restart: "'function' object has no attribute 'finalize_loading'")
+    "compile_miss": re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s|"
+                               r"saved AOT compiled function to"),
+    "compile_unusable": re.compile(r"Compiling model again due to a load failure from \S+, reason: (.{1,200})"),
+    "kv": re.compile(r"(GPU|CPU) KV cache size: ([\d,]+) tokens|Available KV cache memory: ([\d.]+) GiB"),
+    "warmup_run": re.compile(r"Initial profiling/warmup run took ([\d.]+) s|Warming up done\."),
     "max_concurrency": re.compile(r"Maximum concurrency for [\d,]+ tokens per request"),
     "graphs": re.compile(r"Capturing CUDA graphs \(([^)]*)\):\s+(\d+)%.*?(\d+)/(\d+)"),
     "graphs_done": re.compile(r"Graph capturing finished in (\d+) secs"),
@@ -414,14 +419,23 @@ def _r_warmup_run(st, m, t):
     st._enter("kv_cache", t, tentative=True)
 
 
+def _r_compile_unusable(st, m, t):
+    _r_compile_cache("miss")(st, m, t)
+    st.facts["compile_cache_unusable"] = m.group(1).strip()
+
+
 def _r_max_concurrency(st, m, t):
-    # the KV cache's last line: CUDA graph capture follows (its bar only once the first graph is captured)
-    st._enter("graphs", t)
+    # the KV cache's last line: CUDA graph capture follows (its bar only once the first graph is captured); a CPU
+    # engine captures none (its engine init ends the KV phase)
+    if st.facts.get("kv_cache_device") != "CPU":
+        st._enter("graphs", t)
 
 
 def _r_kv(st, m, t):
     st._enter("kv_cache", t)
-    _fact("kv_cache_tokens", 1, int)(st, m, t)
+    if m.group(1):
+        st.facts["kv_cache_device"] = m.group(1)
+    _fact("kv_cache_tokens", 2, int)(st, m, t)
 
 
 def _r_graphs(st, m, t):
@@ -467,6 +481,7 @@ RULES = (
     ("model_took", _r_model_took),
     ("compile_hit", _r_compile_cache("hit")),
     ("compile_miss", _r_compile_cache("miss")),
+    ("compile_unusable", _r_compile_unusable),
     ("compile", _r_compile),
     ("kv", _r_kv),
     ("warmup_run", _r_warmup_run),

