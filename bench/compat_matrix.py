@@ -318,7 +318,11 @@ def evidence() -> dict:
         parts = [p.strip() for p in smi.read_text().splitlines()[0].split(",")]
         real.append({"engine": "vLLM" if m.group(1) == "vllm" else "SGLang", "version": m.group(2), "dir": d.name,
                      "gpu": parts[0], "compute_cap": parts[4] if len(parts) > 4 else "?"})
-    return {"ci": {k: sorted(set(v), key=vtuple) for k, v in ci.items()}, "real_gpu": real}
+    # the real engine's CPU build the real-engine sandbox serves (deployer/sandbox/real_engine.py), with its recordings
+    from deployer.sandbox import real_engine
+    real_cpu = [{"engine": "vLLM", "version": real_engine.VERSION, "build": real_engine.PACKAGE,
+                 "dir": f"{real_engine.PACKAGE}-{real_engine.VERSION}"}]
+    return {"ci": {k: sorted(set(v), key=vtuple) for k, v in ci.items()}, "real_gpu": real, "real_cpu": real_cpu}
 
 
 def main() -> int:

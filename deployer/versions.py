@@ -5,9 +5,11 @@ tiers ``scripts/dev.sh`` prepares, the real-GPU recordings under ``tests/fixture
 
 A verdict per release: ``refused`` (the patch engine cannot make its EAGLE-3 path serve this model, or the verify
 script would not import), ``patched`` (supported with the deployer's patches) or ``native``; the ``evidence`` that
-backs it, strongest first: ``real GPU`` (a real engine loaded and served on that compute capability), ``sandbox``
-(deployed in the sandbox, the release's own checks on the rendered argv, on every CI run), ``source`` (only read).
-``other GPU`` (a real engine on another compute capability: it proves the engine, not these kernels).
+backs it, strongest first: ``real GPU`` (a real engine loaded and served on that compute capability), ``other GPU``
+(a real engine on another compute capability: it proves the engine, not these kernels), ``real CPU`` (the release's
+own source built for CPUs, deployed by the real-engine sandbox and serving on every CI run: it proves the engine's
+Python paths, not its GPU kernels), ``sandbox`` (deployed in the sandbox on the stand-in, the release's own checks on
+the rendered argv, on every CI run), ``source`` (only read).
 ``recommended`` is the newest supported release with at least sandbox evidence whose pinned dependencies the package
 index has; on GPUs no release has run on, the verdict says so instead of pretending.
 """
@@ -17,7 +19,7 @@ import json
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data" / "compatibility.json"
-EVIDENCE_RANK = {"real GPU": 4, "other GPU": 3, "sandbox": 2, "source": 1}
+EVIDENCE_RANK = {"real GPU": 5, "other GPU": 4, "real CPU": 3, "sandbox": 2, "source": 1}
 
 
 def load(path: Path = DATA) -> dict:
@@ -83,6 +85,10 @@ def evidence_for(engine: str, version: str, compute_cap: str, evidence: dict) ->
             found.append(("real GPU" if here else "other GPU",
                           f"a real engine on {run['gpu']} (compute capability {run.get('compute_cap')}): "
                           f"tests/fixtures/real-gpu/{run['dir']}"))
+    for run in evidence.get("real_cpu", []):
+        if run["engine"] == engine and run["version"] == version:
+            found.append(("real CPU", f"the real engine's own source, built for CPUs ({run['build']}), deployed and "
+                                      f"serving in the sandbox on every CI run: tests/fixtures/real-cpu/{run['dir']}"))
     if version in evidence.get("ci", {}).get(engine, []):
         found.append(("sandbox", "deployed in the sandbox, verified by its own checks, on every CI run"))
     if not found:

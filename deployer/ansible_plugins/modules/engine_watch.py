@@ -61,6 +61,12 @@ options:
         limits tightened with C(-e) for a new release cannot fail the restore of a known-good one.
     type: float
     default: 0
+  root_cause:
+    description:
+      - Also name the failure this run of the server ended in, from every line since its start, those logged after
+        it was ready included (a server that passed /health and died at its first request), in C(root_cause).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -124,6 +130,10 @@ tail:
   description: Last log lines (on failure).
   returned: always
   type: list
+root_cause:
+  description: The failure the server's run ended in (kind, line, advice), or null when its lines name none.
+  returned: when I(root_cause) is true
+  type: dict
 """
 
 import time
@@ -137,6 +147,7 @@ from ansible.module_utils.engine_logs import (
     eta_seconds,
     journal_entry,
     overdue_seconds,
+    root_cause,
 )
 from ansible.module_utils.host_io import http_get, systemd_show
 
@@ -212,6 +223,9 @@ def look(module, p):
                                        p.get("previous_phase_seconds") or {}),
                overdue_seconds=overdue_seconds(snap["phase"], snap["phase_seconds"].get(snap["phase"], 0.0),
                                                p.get("previous_phase_seconds") or {}))
+    if p.get("root_cause"):
+        cause = root_cause([m for _t, m in entries])
+        res["root_cause"] = dict(kind=cause[0], line=cause[1], advice=advice(cause[0], cause[1])) if cause else None
     active = props.get("ActiveState")
     if (props.get("SubState") == "auto-restart" and props.get("ExecMainStatus") in TRANSIENT_SETUP
             and int(props.get("NRestarts") or 0) < TRANSIENT_SETUP_RETRIES):
@@ -273,6 +287,7 @@ def main():
             stall_floor_factor=dict(type="float", default=0.0),
             engine=dict(type="str", default="vllm"),
             health_timeout_seconds=dict(type="float", default=2.0),
+            root_cause=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
