@@ -430,6 +430,19 @@ def make_handler(args, metrics, api_key, started, k=None):
                 return self._send(int(k["chat_status"]), json.dumps({"error": {
                     "message": "sandbox knob chat_status", "type": "InternalServerError",
                     "code": int(k["chat_status"])}}).encode())
+            if k.get("sampling_dies") and float(req.get("temperature") or 0) > 0:
+                # the first non-greedy request compiles a sampling kernel at run time (Triton's, FlashInfer's);
+                # on a host without a C compiler the engine core dies there, after the load passed (issue 42):
+                # Triton's own words (triton/runtime/build.py), then the engine is dead for every later request
+                err = stream("EngineCore_DP0")
+                for line in ("Traceback (most recent call last):",
+                             '  File "triton/runtime/build.py", line 33, in _build',
+                             "RuntimeError: Failed to find C compiler. Please specify via CC environment variable "
+                             "or set triton.knobs.build.impl."):
+                    err.write(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [core.py:1512] {line}\n")
+                err.flush()
+                ENGINE.update(dead=True)
+                return self._engine_gate()
             prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
             max_tokens = int(req.get("max_tokens") or 16)
             text = "Sandbox stand-in reply (%s): %s" % ("EAGLE-3 on" if metrics.spec else "no speculation",

@@ -18,6 +18,7 @@ from sandbox_helpers import (
     flat,
     health,
     knobs,
+    main_pid,
     needs_sandbox,
     sandbox_hosts,
     sh,
@@ -84,6 +85,40 @@ def test_an_answer_that_is_all_reasoning_is_a_good_load():
     assert 'served: "(reasoning) Sandbox stand-in reply' in flat(r.stderr), r.stderr
     assert sh(H, "readlink /opt/deployer/current") != live and health() == "200"
     assert up(*FAST).returncode == 0 and sh(H, "readlink /opt/deployer/current") == live   # the defaults again
+
+
+def test_a_server_that_dies_at_its_first_sampled_request_is_rolled_back_with_the_reason():
+    """Issue 42: Triton and FlashInfer compile sampling kernels at the first non-greedy request; on a host without a C
+    compiler the engine dies there - the greedy smoke passed and the release went live.  The smoke now sends one
+    sampled request too: the engine's death is caught before the release is recorded, named from the journal
+    (no_compiler, with the packages to install) and the live release is put back."""
+    live = sh(H, "readlink /opt/deployer/current")
+    r = fail_with("0.836", sampling_dies=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = flat(r.stdout + r.stderr)
+    assert "sampled chat completion (temperature 0.7): measured HTTP 500" in out, out[-3000:]
+    assert "the engine's journal: no_compiler: " in out and "install gcc and python3-dev" in out, out[-3000:]
+    assert sh(H, "readlink /opt/deployer/current") == live and health() == "200"
+
+
+def test_a_host_without_a_c_compiler_is_refused_before_the_restart():
+    """Issue 42: Triton compiles its kernels' launchers at run time with the host's C compiler (TRITON_MLA, the only
+    MLA backend on sm_120, and the sampling kernels); a minimal server image has none, and the server died after its
+    load.  The verify stage reads the toolchain as the service user in the unit's environment and refuses first."""
+    live, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
+    hide = "for c in gcc clang; do p=$(command -v $c) && mv $p $p.hidden-by-test; done; true"
+    back = "for p in /usr/bin/*.hidden-by-test; do [ -e $p ] && mv $p ${p%.hidden-by-test}; done; true"
+    sh(H, hide)
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.837")           # vLLM's checks on: the verify stage runs
+    finally:
+        sh(H, back)
+    out = flat(r.stdout + r.stderr)
+    assert r.returncode == 4, out[-3000:]
+    assert "run-time toolchain, as the service user vllm in the unit's environment: C compiler: measured none " \
+           "(CC unset; no gcc or clang on /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin)" in out, out[-3000:]
+    assert "Python.h" not in out.split("run-time toolchain", 1)[1].split("Triton compiles", 1)[0]   # it is there
+    assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) == pid
 
 
 # What an engine or a model may print: Rich markup that does not close, a tensor-parallel prefix, terminal escapes

