@@ -32,7 +32,7 @@ def host_time(name):
 
 
 def one(kind, i):
-    gmu = f"0.{71 + i:02d}" if kind == "ready" else f"0.{51 + i:02d}"  # never a trailing 0: argv says 0.5, not 0.50
+    gmu = f"0.95{71 + i:02d}" if kind == "ready" else f"0.95{51 + i:02d}"  # never a trailing 0: argv says 0.5, not 0.50
     if kind == "crash":
         sb.set_knobs("sbx1", standin={"crash_phase": "weights", "only_if_arg": gmu})
     try:

@@ -87,7 +87,7 @@ def wait_for(cmd, seconds=300):
 
 # ---- the cases: each returns the exit codes; the probe runs around it
 def c_good_deploy():
-    return [up("-e", "deployer_gpu_memory_utilization=0.861")]
+    return [up("-e", "deployer_gpu_memory_utilization=0.9561")]
 
 
 def _fail(arg, *extra, **knob):
@@ -99,44 +99,44 @@ def _fail(arg, *extra, **knob):
 
 
 def c_crash_in_weights():
-    return _fail("0.801", crash_phase="weights", load_seconds=3)
+    return _fail("0.9501", crash_phase="weights", load_seconds=3)
 
 
 def c_crash_in_api():
-    return _fail("0.806", crash_phase="api", load_seconds=3)
+    return _fail("0.9506", crash_phase="api", load_seconds=3)
 
 
 def c_stall_in_kv_cache():
-    return _fail("0.812", "-e", "watch_stall_seconds={'default': 20}", "-e", "watch_budget_seconds=600",
+    return _fail("0.9512", "-e", "watch_stall_seconds={'default': 20}", "-e", "watch_budget_seconds=600",
                  stall_phase="kv_cache")
 
 
 def c_fatal_line_oom():
-    return _fail("0.822", "-e", "watch_stall_seconds={'default': 600}", fatal_line_phase="kv_cache")
+    return _fail("0.9522", "-e", "watch_stall_seconds={'default': 600}", fatal_line_phase="kv_cache")
 
 
 def c_smoke_fails():
-    return _fail("0.823", "-e", "watch_budget_seconds=40", unhealthy_after_ready_seconds=0)
+    return _fail("0.9523", "-e", "watch_budget_seconds=40", unhealthy_after_ready_seconds=0)
 
 
 def c_controller_killed_in_watch():
     knobs(load_seconds=12)
     try:
-        p = up("-e", "deployer_gpu_memory_utilization=0.872", wait=False)
-        wait_for("grep -l 0.872 /run/deployer-standin/argv.json 2>/dev/null")
+        p = up("-e", "deployer_gpu_memory_utilization=0.9572", wait=False)
+        wait_for("grep -l 0.9572 /run/deployer-standin/argv.json 2>/dev/null")
         time.sleep(2)
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     finally:
         knobs()
-    return [-9, up("-e", "deployer_gpu_memory_utilization=0.872")]
+    return [-9, up("-e", "deployer_gpu_memory_utilization=0.9572")]
 
 
 def c_link_down_20s_in_watch():
     knobs(load_seconds=30)
     try:
-        p = up("-e", "deployer_gpu_memory_utilization=0.873", wait=False)
-        wait_for("grep -l 0.873 /run/deployer-standin/argv.json 2>/dev/null")
+        p = up("-e", "deployer_gpu_memory_utilization=0.9573", wait=False)
+        wait_for("grep -l 0.9573 /run/deployer-standin/argv.json 2>/dev/null")
         veth = f"dps{sb().SLOT or ''}-sbx1"
         subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True)
         time.sleep(20)
@@ -165,7 +165,7 @@ def c_reboot_after_live():
 def c_preflight_refusal_7_gpus():
     sb().set_knobs("sbx1", gpus={"count": 7})
     try:
-        return [up("-e", "deployer_gpu_memory_utilization=0.874")]
+        return [up("-e", "deployer_gpu_memory_utilization=0.9574")]
     finally:
         sb().set_knobs("sbx1", gpus={})
 

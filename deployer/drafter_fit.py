@@ -33,8 +33,9 @@ class DrafterFitError(ValueError):
     pass
 
 
-def safetensors_shapes(path: Path) -> dict:
-    """{tensor name: shape} from a safetensors file's header (8-byte little-endian length, then JSON)."""
+def _header(path: Path) -> dict:
+    """{tensor name: (shape, data_offsets)} from a safetensors file's header (8-byte little-endian length, then
+    JSON), each checked."""
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) != 8:
@@ -48,7 +49,7 @@ def safetensors_shapes(path: Path) -> dict:
             raise DrafterFitError(f"{path}: safetensors header is not JSON ({type(e).__name__})") from e
     if not isinstance(header, dict):
         raise DrafterFitError(f"{path}: safetensors header is a JSON {type(header).__name__}, expected an object")
-    shapes = {}
+    out = {}
     for k, v in header.items():
         if k == "__metadata__" or not isinstance(v, dict):
             continue
@@ -59,9 +60,19 @@ def safetensors_shapes(path: Path) -> dict:
                 and offsets[0] <= offsets[1]):
             raise DrafterFitError(f"{path}: tensor {k[:80]!r}: data_offsets is not two ascending non-negative "
                                   "integers")
-        shapes[k] = shape
-    return shapes
+        out[k] = (shape, offsets)
+    return out
 
+
+def safetensors_shapes(path: Path) -> dict:
+    """{tensor name: shape} from a safetensors file's header."""
+    return {k: shape for k, (shape, _) in _header(path).items()}
+
+
+def _files(d: Path) -> list[str]:
+    index = d / "model.safetensors.index.json"
+    return sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else \
+        [p.name for p in sorted(d.glob("*.safetensors"))]
 
 
 def read_drafter(src_dir: str) -> tuple[dict, dict]:
@@ -69,12 +80,15 @@ def read_drafter(src_dir: str) -> tuple[dict, dict]:
     d = Path(src_dir)
     cfg = json.loads((d / "config.json").read_text())
     shapes: dict = {}
-    index = d / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else \
-        [p.name for p in sorted(d.glob("*.safetensors"))]
-    for name in files:
+    for name in _files(d):
         shapes.update(safetensors_shapes(d / name))
     return cfg, shapes
+
+
+def tensor_bytes(src_dir: str) -> int:
+    """The bytes the drafter's tensors take, by their headers' data_offsets (what the engine loads onto the GPUs)."""
+    d = Path(src_dir)
+    return sum(o[1] - o[0] for name in _files(d) for _, o in _header(d / name).values())
 
 
 def text_config(target_cfg: dict) -> dict:

@@ -16,7 +16,7 @@ from deployer.ansible_plugins.module_utils import envfile, formats
 # sources of truth for the same flag is how a 25-minute load ends in surprise).
 MANAGED_FLAGS = (
     "--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp",
-    "--gpu-memory-utilization", "--max-model-len", "--trust-remote-code",
+    "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--trust-remote-code",
     "--speculative-config", "-sc", "--api-key", "--safetensors-load-strategy", "--model-loader-extra-config",
     # a YAML of flags (FlexibleArgumentParser expands it into the argv): it could set any of the above
     "--config", "--model",
@@ -132,7 +132,7 @@ def build_serve_argv(spec: dict) -> list[str]:
     """Validate ``spec`` and return the full argv, launcher first.
 
     ``spec`` keys: launcher (list), model, served_model_name, host, port,
-    tensor_parallel_size, gpu_memory_utilization, max_model_len,
+    tensor_parallel_size, gpu_memory_utilization, max_model_len, max_num_seqs (null: vLLM's default),
     trust_remote_code, speculative ({method, model, num_speculative_tokens, extra}
     or None/{} for no speculation), safetensors_load_strategy ("" = vLLM's default),
     model_loader_extra_config (dict, {} = none), extra_args (list of str).
@@ -144,6 +144,9 @@ def build_serve_argv(spec: dict) -> list[str]:
     mml = spec.get("max_model_len")
     if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml < 1):
         raise ServeConfigError(f"max_model_len: got {mml!r}, expected a positive integer or null")
+    seqs = spec.get("max_num_seqs")
+    if seqs is not None and (not isinstance(seqs, int) or isinstance(seqs, bool) or seqs < 1):
+        raise ServeConfigError(f"max_num_seqs: got {seqs!r}, expected a positive integer or null")
     host = spec.get("host") or "0.0.0.0"
     strategy = spec.get("safetensors_load_strategy") or ""
     if strategy and strategy not in LOAD_STRATEGIES:
@@ -167,6 +170,8 @@ def build_serve_argv(spec: dict) -> list[str]:
                              "--gpu-memory-utilization", _num(gmu)]
     if mml is not None:
         argv += ["--max-model-len", str(mml)]
+    if seqs is not None:
+        argv += ["--max-num-seqs", str(seqs)]
     if spec.get("trust_remote_code", True):
         argv.append("--trust-remote-code")
     sp = spec.get("speculative") or {}

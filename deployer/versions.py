@@ -73,6 +73,10 @@ def notes(row: dict) -> list[str]:
         out.append("Model Runner V2 may be chosen (VLLM_USE_V2_MODEL_RUNNER=0 goes back)")
     if row.get("aux_ids") == "top-level only":
         out.append("reads only a top-level eagle_aux_hidden_state_layer_ids (the drafter check follows it)")
+    k = row.get("kernels_sm120")
+    if k and k.get("ptx_only"):
+        out.append(f"on sm_120 its kernels need driver >= {k['driver']}: {k['ptx_only']} CUDA units carry only PTX "
+                   f"ISA {k['ptx_isa']} ({', '.join(k['libraries'])}); the verify stage reads the installed wheel")
     return out
 
 

@@ -72,6 +72,14 @@ def _engine(r: dict) -> str:
     return f"{r.get('backend') or 'vllm'} {r.get('engine_version') or r.get('vllm_version') or '-'}"
 
 
+def _kv(r: dict) -> str:
+    """The KV cache the engine measured, in tokens, and what preflight's memory plan predicted: ``181,864 (180,000)``.
+    """
+    got, planned = r.get("kv_cache_tokens"), r.get("kv_cache_tokens_planned")
+    shown = f"{got:,}" if isinstance(got, int) else "-"
+    return shown + (f" ({planned:,})" if isinstance(planned, int) else "")
+
+
 def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
              inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
              extra: Extra = None, as_json: Json = False, trust_new_host: TrustNew = False):
@@ -84,7 +92,7 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
     for h, st in sorted(data.items()):
         t = Table(title=f"{lit(h)}: releases")
         for c in ("", "id", "engine", "patch", "result", "deployed", "down s", "load s", "prewarm s", "compile",
-                  "accept", "API"):
+                  "KV tokens (plan)", "accept", "API"):
             t.add_column(c, no_wrap=True)
         for r in st.get("releases", []):   # newest first (deployer_state sorts them)
             mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
@@ -92,7 +100,7 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
                 mark, r["id"], _engine(r), str(r.get("patch_fingerprint") or "native")[:12],
                 str(r.get("result") or "-"), _ts(r.get("deployed_at")), _num((r.get("downtime") or {}).get("seconds")),
                 _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
-                _num(r.get("acceptance_rate")))), _api(r.get("api_protected")))
+                _kv(r), _num(r.get("acceptance_rate")))), _api(r.get("api_protected")))
         out.print(t)
         if st.get("lock"):
             out.print(f"[yellow]locked[/] by {lit(st['lock'])}")

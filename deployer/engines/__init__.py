@@ -39,6 +39,10 @@ class Engine:
     drafts_metric = ""         # the /metrics counter of EAGLE-3 drafts (the smoke test's proof it is on)
     unit_marker = ""           # a word only this engine's ExecStart has (to tell which engine a unit starts)
     health_timeout_seconds = 2.0   # how long one GET /health may take before the watch counts it unanswered
+    memory_plan = False        # preflight plans its GPU memory from its argv (deployer/memory_plan.py: vLLM's rules)
+    # the venv's CUDA libraries that hold the model's kernels (globs under site-packages -> what they hold): the verify
+    # stage reads which carry only PTX for the host's GPUs, and so the driver they need (deployer/driver_floor.py)
+    cuda_libraries: dict = {}
 
     # -- what the plan asks
     def version(self, s: dict) -> str:
@@ -105,7 +109,7 @@ class Engine:
         return {"name": self.name, "label": self.label, "package": self.package, "version": version,
                 "patchable": self.patchable, "capability_probe": self.capability_probe, "verifier": self.verifier,
                 "log_rules": self.log_rules, "drafts_metric": self.drafts_metric,
-                "health_timeout_seconds": self.health_timeout_seconds}
+                "health_timeout_seconds": self.health_timeout_seconds, "cuda_libraries": dict(self.cuda_libraries)}
 
 
 REGISTRY: dict[str, Engine] = {}

@@ -14,6 +14,7 @@ class SGLang(Engine):
     verifier = "sglang_verify.py"
     log_rules = "sglang"
     drafts_metric = "sglang:spec_verify_calls_total"
+    cuda_libraries = {"sgl_kernel/*.so": "sgl-kernel", "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"}
     unit_marker = "--model-path"
     # once started, SGLang's /health runs a one-token generation and answers when the scheduler does: after at
     # least 1 s, at most SGLANG_HEALTH_CHECK_TIMEOUT (20 s) later with 503 (srt/entrypoints/http_server.py)

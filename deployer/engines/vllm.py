@@ -19,6 +19,12 @@ class VLLM(Engine):
     verifier = "vllm_verify.py"
     log_rules = "vllm"
     drafts_metric = "vllm:spec_decode_num_drafts_total"
+    memory_plan = True
+    cuda_libraries = {
+        "vllm/_moe_C*.so": "fused MoE, Kimi's INT4 Marlin MoE among them",
+        "vllm/_C*.so": "core kernels, gptq_marlin_repack of Kimi's INT4 experts among them",
+        "vllm/vllm_flash_attn/_vllm_fa2_C*.so": "FlashAttention 2: MLA prefill and the drafter's attention off sm_100",
+    }
 
     def version(self, s):
         version = str(s.get("vllm_version") or "")
@@ -39,6 +45,7 @@ class VLLM(Engine):
             **common_spec(s, venv, self.program),
             "gpu_memory_utilization": s.get("gpu_memory_utilization"),
             "max_model_len": s.get("max_model_len") or None,
+            "max_num_seqs": s.get("max_num_seqs") or None,
             "trust_remote_code": bool(s.get("trust_remote_code", True)),
             "speculative": ({"method": "eagle3", "model": drafter["dir"],
                              "num_speculative_tokens": s.get("num_speculative_tokens", 3),

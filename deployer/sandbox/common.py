@@ -24,6 +24,9 @@ HERE = Path(__file__).resolve().parent
 # Deploys never use it: Ansible ships what a host needs.
 REPO = HERE.parent.parent
 MODEL_DIR = "/srv/models/Kimi-K2.5"
+# SANDBOX: the same config with 64 shards of one 16-byte tensor each: a checkpoint a laptop can prewarm whole (the
+# header-true MODEL_DIR is ~595 GB, sparse; the prewarm skips it as it would on a host with less RAM)
+SMALL_MODEL_DIR = "/srv/models/Kimi-K2.5-small"
 KNOBS_DIR = "/etc/deployer-sandbox"
 STANDIN_SEED = "/var/lib/deployer-sandbox/standin-seed"   # the seed's stand-in answers (root's, read-only to it)
 # the stand-in's answer files (standin.py names them so): the only names saved, and restored into a tmpfiles.d line

@@ -50,6 +50,7 @@ from deployer.sandbox.common import (
     NET,
     REPO,
     SLOT,
+    SMALL_MODEL_DIR,
     STANDIN_ANSWER,
     STANDIN_SEED,
     STATE,
@@ -155,7 +156,8 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache
     (knobs / "gpus.json").write_text("{}\n")
     (knobs / "standin.json").write_text("{}\n")
     (knobs / "README").write_text("SANDBOX host: nvidia-smi and the vLLM stand-in read these rehearsal knobs.\n")
-    write_model_dir(upper / MODEL_DIR.lstrip("/"))
+    write_model_dir(upper / MODEL_DIR.lstrip("/"), header_true=True)
+    write_model_dir(upper / SMALL_MODEL_DIR.lstrip("/"))
     if is_real(h):
         real_engine.write_host_files(upper)
     # the host's package cache, hard-linked from the controller's uv cache (see module docstring); ~250,000 entries

@@ -479,6 +479,7 @@ def parse_args(argv):
     s.add_argument("--tensor-parallel-size", type=int, default=1)
     s.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     s.add_argument("--max-model-len", type=int)
+    s.add_argument("--max-num-seqs", type=int)
     s.add_argument("--trust-remote-code", action="store_true")
     s.add_argument("--speculative-config", type=json.loads)
     return p.parse_known_args(argv)

@@ -101,7 +101,7 @@ def test_sigterm_or_ctrl_c_stops_the_playbook_says_so_and_the_next_up_finishes_t
     deployer stops its playbook (the playbook's process group is killed) instead of dying
     and leaving it running unwatched, says where that leaves the host, and exits 7; the next `up` finishes the job."""
     sh(H, "echo '{\"load_seconds\": 20}' > /etc/deployer-sandbox/standin.json")
-    args = ["-e", "deployer_gpu_memory_utilization=0.869"]
+    args = ["-e", "deployer_gpu_memory_utilization=0.9569"]
     p = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "--json", *args, *FAST],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                          start_new_session=True)
@@ -129,15 +129,15 @@ def test_sigterm_or_ctrl_c_stops_the_playbook_says_so_and_the_next_up_finishes_t
     r = up(*args, *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "took over a stale lock of" in flat(r.stderr), r.stderr
-    assert "0.869" in sh(H, "cat /opt/deployer/current/argv.json") and health() == "200"
+    assert "0.9569" in sh(H, "cat /opt/deployer/current/argv.json") and health() == "200"
 
 
 # (role whose task is under way when the controller dies, the settings of the new release)
 CASES = [
     ("install", ["-e", "deployer_vllm_version=0.18.0"]),      # a new venv, uv installing into it
-    ("start", ["-e", "deployer_gpu_memory_utilization=0.871"]),    # unit installed, server restarting
-    ("watch", ["-e", "deployer_gpu_memory_utilization=0.872"]),    # the new server loading, current not moved
-    ("release", ["-e", "deployer_gpu_memory_utilization=0.873"]),  # smoke passed, current being moved
+    ("start", ["-e", "deployer_gpu_memory_utilization=0.9571"]),    # unit installed, server restarting
+    ("watch", ["-e", "deployer_gpu_memory_utilization=0.9572"]),    # the new server loading, current not moved
+    ("release", ["-e", "deployer_gpu_memory_utilization=0.9573"]),  # smoke passed, current being moved
 ]
 
 
@@ -196,7 +196,7 @@ def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_jo
     shutil.copytree(sb.STATE / "drafter", src)
     # a new drafter (header-true: the drafter check reads it)
     (src / "model.safetensors").write_bytes(checkpoints.drafter_weights_bytes(checkpoints.drafter_tensors(), 1 << 20))
-    args = ["-e", f"deployer_drafter_src_dir={src}", "-e", "deployer_gpu_memory_utilization=0.874"]
+    args = ["-e", f"deployer_drafter_src_dir={src}", "-e", "deployer_gpu_memory_utilization=0.9574"]
     stages = [("drafter", "Ensure the staging directory exists", None), ("render", "Write the release", None),
               ("verify", "Ship the verifier", "pgrep -f '[v]llm_verify' || true"),     # vLLM's own checks running
               ("smoke", "Ask for one chat completion", None)]
@@ -212,7 +212,7 @@ def test_killed_in_each_remaining_stage_in_turn_then_the_next_up_finishes_the_jo
     assert "took over a stale lock of" in flat(r.stderr), r.stderr
     rel = sh(H, "readlink -f /opt/deployer/current")
     argv = json.loads(sh(H, f"cat {rel}/argv.json"))
-    assert "0.874" in " ".join(argv) and health() == "200"
+    assert "0.9574" in " ".join(argv) and health() == "200"
     assert sh(H, f"cmp -s /etc/systemd/system/{SVC}.service {rel}/{SVC}.service && echo same", check=False) == "same"
     assert sh(H, f"cd {rel} && sha256sum --quiet -c .deployer-sha256sums && test -s release.json && echo whole") == \
         "whole"

@@ -28,8 +28,8 @@ def test_00_a_good_deploy_serves():
 @pytest.mark.parametrize("phase", ["weights", "drafter", "compile", "kv_cache", "graphs", "api"])
 def test_crash_in_every_phase_is_seen_and_rolled_back(phase):
     live, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
-    arg = {"weights": "0.801", "drafter": "0.802", "compile": "0.803", "kv_cache": "0.804", "graphs": "0.805",
-           "api": "0.806"}[phase]
+    arg = {"weights": "0.9501", "drafter": "0.9502", "compile": "0.9503", "kv_cache": "0.9504", "graphs": "0.9505",
+           "api": "0.9506"}[phase]
     r = fail_with(arg, crash_phase=phase, load_seconds=3)
     assert r.returncode == 1, r.stdout + r.stderr
     err = flat(r.stderr)
@@ -45,7 +45,7 @@ def test_crash_in_every_phase_is_seen_and_rolled_back(phase):
 @pytest.mark.parametrize("phase", ["weights", "drafter", "kv_cache", "graphs", "api"])   # compile: test_watch
 def test_stall_in_a_phase_is_stopped_by_its_limit(phase):
     live = sh(H, "readlink /opt/deployer/current")
-    arg = {"weights": "0.811", "drafter": "0.814", "kv_cache": "0.812", "graphs": "0.813", "api": "0.815"}[phase]
+    arg = {"weights": "0.9511", "drafter": "0.9514", "kv_cache": "0.9512", "graphs": "0.9513", "api": "0.9515"}[phase]
     # -e settings apply to the restore's watch too: the limit must let the good release's silent stretches pass
     # (here under ~2 s: its first line comes 0.1 s after the start, the seeded supports_eagle3 answer is read back)
     r = fail_with(arg, ["-e", "watch_stall_seconds={'default': 12}", "-e", "watch_budget_seconds=600"],
@@ -57,7 +57,7 @@ def test_stall_in_a_phase_is_stopped_by_its_limit(phase):
 
 def test_budget_ends_a_slow_load():
     # the budget applies to the restore's watch too: long enough for the good release to load again
-    r = fail_with("0.821", ["-e", "watch_budget_seconds=25", "-e", "watch_stall_seconds={'default': 600}"],
+    r = fail_with("0.9521", ["-e", "watch_budget_seconds=25", "-e", "watch_stall_seconds={'default': 600}"],
                   stall_phase="compile")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "timeout: not ready after" in flat(r.stderr) and "(budget 25 s)" in flat(r.stderr)
@@ -65,14 +65,14 @@ def test_budget_ends_a_slow_load():
 
 
 def test_fatal_line_while_the_process_lives_is_not_waited_out():
-    r = fail_with("0.822", ["-e", "watch_stall_seconds={'default': 600}"], fatal_line_phase="kv_cache")
+    r = fail_with("0.9522", ["-e", "watch_stall_seconds={'default': 600}"], fatal_line_phase="kv_cache")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "fatal nccl in phase" in flat(r.stderr) and "NCCL error: unhandled cuda error" in flat(r.stderr)
     assert health() == "200"
 
 
 def test_engine_unhealthy_after_load_is_not_ready():
-    r = fail_with("0.823", ["-e", "watch_budget_seconds=25"], unhealthy_after_ready_seconds=0)
+    r = fail_with("0.9523", ["-e", "watch_budget_seconds=25"], unhealthy_after_ready_seconds=0)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "timeout: not ready after" in flat(r.stderr)
     assert health() == "200"
@@ -82,7 +82,7 @@ def test_engine_hung_behind_a_listening_api_is_not_ready():
     """Issue 24 (hang_after_ready_seconds was never used): the API process listens and accepts connections, but
     nothing answers, /health included.  Each /health the watch asks gives up after its timeout (the watch never
     hangs with it), the load runs into its budget, and the release is rolled back."""
-    r = fail_with("0.824", ["-e", "watch_budget_seconds=25"], hang_after_ready_seconds=0)
+    r = fail_with("0.9524", ["-e", "watch_budget_seconds=25"], hang_after_ready_seconds=0)
     assert r.returncode == 1, r.stdout + r.stderr
     err = flat(r.stderr)
     assert "deploy failed in stage 'watch'; rolled back to the last live release" in err, err
@@ -103,10 +103,10 @@ def test_ssh_drop_during_the_watch_does_not_roll_back_a_good_load():
     knobs(load_seconds=45)          # a load long enough to cut the connection twice while it is watched
     try:
         p = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "-e",
-                              "deployer_gpu_memory_utilization=0.871", *FAST], cwd=ROOT, text=True,
+                              "deployer_gpu_memory_utilization=0.9571", *FAST], cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for _ in range(240):       # the new server is loading and being watched
-            if "0.871" in sh(H, "cat /run/deployer-standin/argv.json 2>/dev/null || true"):
+            if "0.9571" in sh(H, "cat /run/deployer-standin/argv.json 2>/dev/null || true"):
                 break
             time.sleep(0.5)
         else:                      # issue 24 item 3: a wait that never sees its event fails, never goes on

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from deployer.sandbox.hosts import set_knobs
 from sandbox_helpers import (
     FAST,
     SVC,
@@ -63,7 +64,7 @@ def test_01_then_a_good_deploy_serves():
 ])
 def test_smoke_failures_roll_back(case, knob, expect):
     live = sh(H, "readlink /opt/deployer/current")
-    arg = {"http_500": "0.831", "empty": "0.832", "no_drafts": "0.833"}[case]
+    arg = {"http_500": "0.9531", "empty": "0.9532", "no_drafts": "0.9533"}[case]
     r = fail_with(arg, **knob)
     assert r.returncode == 1, r.stdout + r.stderr
     err = flat(r.stderr)
@@ -78,7 +79,7 @@ def test_an_answer_that_is_all_reasoning_is_a_good_load():
     live = sh(H, "readlink /opt/deployer/current")
     knobs(reasoning_only=True)
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.834", *FAST)
+        r = up("-e", "deployer_gpu_memory_utilization=0.9534", *FAST)
     finally:
         knobs()
     assert r.returncode == 0, r.stdout + r.stderr
@@ -93,7 +94,7 @@ def test_a_server_that_dies_at_its_first_sampled_request_is_rolled_back_with_the
     sampled request too: the engine's death is caught before the release is recorded, named from the journal
     (no_compiler, with the packages to install) and the live release is put back."""
     live = sh(H, "readlink /opt/deployer/current")
-    r = fail_with("0.836", sampling_dies=True)
+    r = fail_with("0.9536", sampling_dies=True)
     assert r.returncode == 1, r.stdout + r.stderr
     out = flat(r.stdout + r.stderr)
     assert "sampled chat completion (temperature 0.7): measured HTTP 500" in out, out[-3000:]
@@ -110,7 +111,7 @@ def test_a_host_without_a_c_compiler_is_refused_before_the_restart():
     back = "for p in /usr/bin/*.hidden-by-test; do [ -e $p ] && mv $p ${p%.hidden-by-test}; done; true"
     sh(H, hide)
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.837")           # vLLM's checks on: the verify stage runs
+        r = up("-e", "deployer_gpu_memory_utilization=0.9537")           # vLLM's checks on: the verify stage runs
     finally:
         sh(H, back)
     out = flat(r.stdout + r.stderr)
@@ -118,6 +119,26 @@ def test_a_host_without_a_c_compiler_is_refused_before_the_restart():
     assert "run-time toolchain, as the service user vllm in the unit's environment: C compiler: measured none " \
            "(CC unset; no gcc or clang on /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin" in out, out[-3000:]
     assert "Python.h" not in out.split("run-time toolchain", 1)[1].split("Triton compiles", 1)[0]   # it is there
+    assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) == pid
+
+
+def test_a_driver_older_than_the_releases_kimi_kernels_need_is_refused_before_the_restart():
+    """Issue 42 (vllm#38619): vLLM 0.16's INT4 Marlin MoE carries no sm_120 machine code, only PTX ISA 8.8, which a
+    570 driver cannot compile - the server died right after its 64 shards loaded.  The verify stage reads the
+    installed wheel's CUDA libraries on the host and refuses first, naming the libraries, their kernels and the
+    floor."""
+    live, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
+    set_knobs(H, gpus={"driver": "570.133.20"})     # passes preflight's own floor for sm_120 (570)
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.9538")     # vLLM's checks on: the verify stage runs
+    finally:
+        set_knobs(H, gpus={})
+    out = flat(r.stdout + r.stderr)
+    assert r.returncode == 4, out[-3000:]
+    assert "NVIDIA driver: measured 570.133.20, expected >= 575.51.03 for this engine release on these GPUs: " in out
+    assert "vllm/_C.abi3.so (core kernels, gptq_marlin_repack of Kimi's INT4 experts among them): 21 of 106 CUDA " \
+           "units carry no machine code for sm_120, only PTX ISA 8.8 (CUDA 12.9)" in out, out[-3000:]
+    assert "vllm/_moe_C.abi3.so (fused MoE, Kimi's INT4 Marlin MoE among them): 15 of 33" in out, out[-3000:]
     assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) == pid
 
 
@@ -132,7 +153,7 @@ def test_a_hostile_fatal_line_and_reply_are_shown_literally_and_change_nothing_e
     rollback put the last live release back.  Now the failed load rolls back exactly as any other, the line is shown
     as written, and no escape reaches the terminal; a served reply holding the same is a good deploy."""
     live = sh(H, "readlink /opt/deployer/current")
-    r = fail_with("0.835", crash_phase="kv_cache", load_seconds=3, crash_text=HOSTILE)
+    r = fail_with("0.9535", crash_phase="kv_cache", load_seconds=3, crash_text=HOSTILE)
     assert r.returncode == 1, r.stdout + r.stderr
     out = r.stdout + r.stderr
     assert "\x1b" not in out and "\x9b" not in out and "\x07" not in out, repr(out[-3000:])
@@ -142,7 +163,7 @@ def test_a_hostile_fatal_line_and_reply_are_shown_literally_and_change_nothing_e
     assert sh(H, "readlink /opt/deployer/current") == live and health() == "200"
     knobs(reply_text="Sure. " + HOSTILE)
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.836", *FAST)
+        r = up("-e", "deployer_gpu_memory_utilization=0.9536", *FAST)
     finally:
         knobs()
     out = r.stdout + r.stderr
@@ -153,11 +174,11 @@ def test_a_hostile_fatal_line_and_reply_are_shown_literally_and_change_nothing_e
 
 def test_no_rollback_leaves_the_failed_release_for_debugging():
     live = sh(H, "readlink /opt/deployer/current")
-    r = fail_with("0.841", ["--no-rollback"], crash_phase="compile", load_seconds=3)
+    r = fail_with("0.9541", ["--no-rollback"], crash_phase="compile", load_seconds=3)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "deploy failed in stage 'watch'; left in place (--no-rollback)" in flat(r.stderr)
     assert sh(H, "readlink /opt/deployer/current") == live                   # never flipped
-    assert "0.841" in sh(H, f"systemctl cat {SVC}")                          # the failed release's unit stays
+    assert "0.9541" in sh(H, f"systemctl cat {SVC}")                          # the failed release's unit stays
     assert "rollback" not in stages(r.stderr, H)
     r = up(*FAST)                                                           # the next up converges
     assert r.returncode == 0, r.stdout + r.stderr
@@ -187,9 +208,9 @@ def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rol
     live = sh(H, "basename $(readlink /opt/deployer/current)")
     # 12 s: long enough for the smoke test to finish first on a loaded machine (4 s failed it once: the server
     # died under the smoke's metrics read), short enough for two restarts within the wait below
-    knobs(only_if_arg="0.851", crash_after_ready_seconds=12)
+    knobs(only_if_arg="0.9551", crash_after_ready_seconds=12)
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.851", "-e", "deployer_restart_delay_seconds=1", *FAST)
+        r = up("-e", "deployer_gpu_memory_utilization=0.9551", "-e", "deployer_restart_delay_seconds=1", *FAST)
         assert r.returncode == 0, r.stdout + r.stderr                 # smoke passed before the first crash
         looping = sh(H, "basename $(readlink /opt/deployer/current)")
         for _ in range(180):
@@ -227,7 +248,7 @@ def test_when_the_last_live_release_does_not_come_back_either_it_says_so():
     ROLLBACK FAILED (exit 1), not that the host is serving."""
     knobs(crash_phase="compile", load_seconds=3)
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.861", *FAST)
+        r = up("-e", "deployer_gpu_memory_utilization=0.9561", *FAST)
     finally:
         knobs()
     assert r.returncode == 1, r.stdout + r.stderr

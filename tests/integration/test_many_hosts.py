@@ -50,9 +50,9 @@ def test_parallel_deploy_where_one_host_fails_after_restart():
     """All hosts at once; sbx2's new release crashes during its load: only sbx2 rolls back, the others go live."""
     from deployer.sandbox import hosts as sb
     before = {h: sh(h, "readlink /opt/deployer/current") for h in HOSTS}
-    sb.set_knobs("sbx2", standin={"crash_phase": "compile", "load_seconds": 3, "only_if_arg": "0.871"})
+    sb.set_knobs("sbx2", standin={"crash_phase": "compile", "load_seconds": 3, "only_if_arg": "0.9571"})
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.871", *FAST)
+        r = up("-e", "deployer_gpu_memory_utilization=0.9571", *FAST)
     finally:
         sb.set_knobs("sbx2", standin={})
     assert r.returncode == 1, r.stdout + r.stderr
@@ -61,7 +61,7 @@ def test_parallel_deploy_where_one_host_fails_after_restart():
     assert sh("sbx2", "readlink /opt/deployer/current") == before["sbx2"]
     for h in ("sbx1", "sbx3"):
         assert sh(h, "readlink /opt/deployer/current") != before[h], h
-        assert "0.871" in sh(h, "cat /opt/deployer/current/argv.json")
+        assert "0.9571" in sh(h, "cat /opt/deployer/current/argv.json")
     for h in HOSTS:
         assert sh(h, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/health") == "200"
 
@@ -70,9 +70,9 @@ def test_rolling_deploy_stops_at_a_failure_after_the_restart():
     """--serial 1: sbx1's new release crashes during its load; it is rolled back and sbx2, sbx3 are never touched."""
     from deployer.sandbox import hosts as sb
     before = {h: (sh(h, "readlink /opt/deployer/current"), main_pid(h)) for h in HOSTS}
-    sb.set_knobs("sbx1", standin={"crash_phase": "kv_cache", "load_seconds": 3, "only_if_arg": "0.872"})
+    sb.set_knobs("sbx1", standin={"crash_phase": "kv_cache", "load_seconds": 3, "only_if_arg": "0.9572"})
     try:
-        r = up("--serial", "1", "-e", "deployer_gpu_memory_utilization=0.872", *FAST)
+        r = up("--serial", "1", "-e", "deployer_gpu_memory_utilization=0.9572", *FAST)
     finally:
         sb.set_knobs("sbx1", standin={})
     assert r.returncode == 1, r.stdout + r.stderr

@@ -74,13 +74,13 @@ def test_a_reboot_in_the_middle_of_a_load_ends_serving_what_current_names_and_th
     follows the load the boot starts, or it rolls back), the host must end up serving the release `current`
     names with that release's unit, and rerunning the same `up` must end with the new release live."""
     assert up(*FAST).returncode == 0
-    new = ["-e", "deployer_gpu_memory_utilization=0.852"]
+    new = ["-e", "deployer_gpu_memory_utilization=0.9552"]
     knobs(load_seconds=25)
     try:
         p = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", *new, *FAST],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        for _ in range(300):        # the new release's server is loading (its argv holds 0.852)
-            if "0.852" in sh(H, "cat /run/deployer-standin/argv.json 2>/dev/null || true", check=False):
+        for _ in range(300):        # the new release's server is loading (its argv holds 0.9552)
+            if "0.9552" in sh(H, "cat /run/deployer-standin/argv.json 2>/dev/null || true", check=False):
                 break
             time.sleep(1)
         else:
@@ -100,5 +100,5 @@ def test_a_reboot_in_the_middle_of_a_load_ends_serving_what_current_names_and_th
     # the same up again converges on the new release
     r = up(*new, *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "0.852" in sh(H, "cat /opt/deployer/current/argv.json") and health() == "200" and unit_is_current()
+    assert "0.9552" in sh(H, "cat /opt/deployer/current/argv.json") and health() == "200" and unit_is_current()
     print(f"interrupted up exit {p.returncode}; its last lines: {err.strip().splitlines()[-3:]}")

@@ -35,10 +35,10 @@ def test_second_deploy_shows_eta_and_json_phases():
 
 def test_stall_is_reported_by_the_stall_limit_not_the_budget(sandbox):
     live = sh(H, "readlink /opt/deployer/current")
-    sandbox.set_knobs(H, standin={"stall_phase": "compile", "only_if_arg": "0.87"})
+    sandbox.set_knobs(H, standin={"stall_phase": "compile", "only_if_arg": "0.957"})
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.87", "-e", "watch_stall_seconds={'default': 600, 'compile': 6}",
-               "-e", "watch_budget_seconds=1500", *FAST)
+        r = up("-e", "deployer_gpu_memory_utilization=0.957",
+               "-e", "watch_stall_seconds={'default': 600, 'compile': 6}", "-e", "watch_budget_seconds=1500", *FAST)
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 1, r.stderr
@@ -55,7 +55,7 @@ def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
     live = sh(H, "readlink /opt/deployer/current")
     sandbox.set_knobs(H, standin={"acceptance_rate": 0.2})
     try:
-        r = up("-e", "deployer_gpu_memory_utilization=0.88", "-e", "smoke_min_acceptance_rate=0.5", *FAST)
+        r = up("-e", "deployer_gpu_memory_utilization=0.958", "-e", "smoke_min_acceptance_rate=0.5", *FAST)
     finally:
         sandbox.set_knobs(H, standin={})
     assert r.returncode == 1, r.stderr

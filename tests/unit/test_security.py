@@ -122,9 +122,9 @@ def test_extra_args_cannot_set_a_managed_flag_under_any_spelling(words):
 
 
 def test_unmanaged_flags_still_pass():
-    p = make_plan(settings(extra_args=["--max-num-seqs", "64", "--enable-prefix-caching", "--hf-overrides", "{}"]),
-                  DRAFTER)
-    assert p["argv"][-5:] == ["--max-num-seqs", "64", "--enable-prefix-caching", "--hf-overrides", "{}"]
+    p = make_plan(settings(extra_args=["--max-num-batched-tokens", "4096", "--enable-prefix-caching",
+                                       "--hf-overrides", "{}"]), DRAFTER)
+    assert p["argv"][-5:] == ["--max-num-batched-tokens", "4096", "--enable-prefix-caching", "--hf-overrides", "{}"]
 
 
 def test_sglang_extra_args_cannot_set_a_managed_flag_either():

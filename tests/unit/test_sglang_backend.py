@@ -28,7 +28,10 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
                            "patchable": False, "capability_probe": True, "verifier": "sglang_verify.py",
                            "log_rules": "sglang", "drafts_metric": "sglang:spec_verify_calls_total",
                            # its /health generates a token once up (up to 20 s): the watch waits that long
-                           "health_timeout_seconds": 22.0}
+                           "health_timeout_seconds": 22.0,
+                           # where its kernels are: the verify stage reads the driver they need
+                           "cuda_libraries": {"sgl_kernel/*.so": "sgl-kernel",
+                                              "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"}}
     assert p["draft_tokens_per_step"] == 3      # --speculative-num-draft-tokens 4: the last accepted + 3 drafts
     assert p["venv"] == "/opt/deployer/venvs/sglang-0.5.23" and p["vllm_version"] is None
     assert p["patch_state"] == "absent"

@@ -159,6 +159,57 @@ def drafter_fit(target_config, drafter_src_dir, engine):
     return fit.check(target_config or {}, cfg, shapes, engine.get("name", "vllm"), str(engine.get("version", "")))
 
 
+def memory_plan(the_plan, gpus, shard_check, model_config_text, drafter_src_dir="", overhead_gib=5.0):
+    """deployer.memory_plan.plan for this plan's argv on these GPUs (the smallest one), from the shards' tensor bytes
+    (preflight_facts' shard_check) and the model's config.json; None when the plan's engine plans no GPU memory (SGLang,
+    vLLM's CPU build).  A config the arithmetic cannot read is a refusal naming why."""
+    from deployer import memory_plan as mp
+    eng = engines.get(((the_plan or {}).get("engine") or {}).get("name") or "vllm")
+    if not eng.memory_plan or not gpus:
+        return None
+    argv = the_plan["argv"]
+    groups = (shard_check or {}).get("tensor_groups")
+    if not groups or not isinstance(groups, dict):     # 0 bytes of weights is a misread, never a plan that fits
+        return {"fits": False, "message": "memory plan: no tensor sizes were read from the shards' headers "
+                                          "(measured %r)" % (groups,)}
+
+    def num(flags, kind, default=None):
+        v = engines.argv_value(argv, *flags)
+        return default if v is None else kind(v)
+
+    try:
+        cfg = json.loads(model_config_text or "")
+        from deployer import drafter_fit as fit
+        drafter_cfg, drafter_bytes = None, 0
+        if the_plan.get("speculative") and drafter_src_dir:
+            drafter_cfg = json.loads((Path(drafter_src_dir) / "config.json").read_text())
+            drafter_bytes = fit.tensor_bytes(drafter_src_dir)
+        return mp.plan(gpu_mib=min(int(g["memory_mib"]) for g in gpus),
+                       gmu=num(["--gpu-memory-utilization"], float, 0.9),
+                       tp=num(["--tensor-parallel-size", "-tp"], int, 1),
+                       max_model_len=num(["--max-model-len"], int), max_num_seqs=num(["--max-num-seqs"], int),
+                       groups=groups, model_config=cfg,
+                       drafter_config=drafter_cfg, drafter_bytes=drafter_bytes,
+                       overhead_gib=float(overhead_gib),
+                       kv_cache_dtype=engines.argv_value(argv, "--kv-cache-dtype") or "auto")
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return {"fits": False, "message": "memory plan: cannot read what it needs (%s)" % e}
+
+
+def driver_floor(read, engine, gpu_floor="0"):
+    """deployer.driver_floor.floor on what the cuda_floor module read, each library labelled with what the engine
+    says it holds (plan.engine.cuda_libraries)."""
+    from deployer import driver_floor as df
+    labels = (engine or {}).get("cuda_libraries") or {}
+    libs = [dict(lib, label=labels.get(lib.get("pattern"), "")) for lib in (read or {}).get("libraries") or []]
+    return df.floor(libs, (read or {}).get("torch_cuda"), str(gpu_floor))
+
+
+def driver_refusal(floor, driver):
+    from deployer import driver_floor as df
+    return df.refusal(floor, str(driver))
+
+
 def haproxy_word(value, what="HAProxy config word"):
     """A value for haproxy.cfg, refused unless it is a plain token (formats.haproxy_word)."""
     try:
@@ -197,6 +248,9 @@ class FilterModule(object):
             "systemd_env_quote": serve.systemd_env_quote,
             "haproxy_word": haproxy_word,
             "drafter_fit": drafter_fit,
+            "memory_plan": memory_plan,
+            "driver_floor": driver_floor,
+            "driver_refusal": driver_refusal,
             "deployer_engine": engines.describe,
             "engine_of_unit": engines.engine_of_unit,
             "deployer_secret_files": plan.secret_files,

@@ -7,11 +7,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 
+# a tensor name with its layer and expert numbers folded (model.layers.7.mlp.experts.12.w -> model.layers.N.mlp.
+# experts.N.w): a 1T MoE checkpoint's ~200,000 tensors become ~100 groups the controller's memory plan reads
+_INDEX = re.compile(r"\.\d+(?=\.|$)")
+MAX_GROUPS = 4096
 
-def check_shard(path, max_header=100 << 20):
-    """(expected file size or None, why it is bad or None, tensor bytes) for one safetensors file."""
+
+def template(name):
+    """The group a tensor's bytes are counted in: its name with every numeric component as N."""
+    return _INDEX.sub(".N", name)
+
+
+def check_shard(path, max_header=100 << 20, groups=None):
+    """(expected file size or None, why it is bad or None, tensor bytes) for one safetensors file; with ``groups`` (a
+    dict), each tensor's bytes are added to it under its name's template (a good shard's only)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -28,7 +40,7 @@ def check_shard(path, max_header=100 << 20):
         return None, "header is not JSON (not a safetensors file)", 0
     if not isinstance(header, dict):
         return None, "header is not a JSON object (not a safetensors file)", 0
-    ends = []
+    ends, sizes = [], {}
     for name, t in header.items():
         if name == "__metadata__":
             continue
@@ -37,9 +49,16 @@ def check_shard(path, max_header=100 << 20):
                 and offsets[0] <= offsets[1]):
             return None, "tensor %s: data_offsets is not two ascending non-negative integers" % _shown(name), 0
         ends.append(offsets[1])
+        key = template(name)
+        sizes[key] = sizes.get(key, 0) + offsets[1] - offsets[0]
     expected = 8 + n + max(ends or [0])
     if size != expected:
         return expected, "truncated" if size < expected else "longer than its header declares", 0
+    if groups is not None:
+        for key, b in sizes.items():
+            if key not in groups and len(groups) >= MAX_GROUPS:
+                key = "(other)"
+            groups[key] = groups.get(key, 0) + b
     return expected, None, max(ends or [0])
 
 
@@ -53,14 +72,14 @@ def _shown(name):
     return repr(name[:80])
 
 
-def check_shards(directory, files, max_header=100 << 20):
+def check_shards(directory, files, max_header=100 << 20, groups=None):
     """(bad, checked, tensor_bytes) for the shard names ``files`` under ``directory``: bad is one dict per bad
-    shard (file, measured size in bytes or None, expected size in bytes or None, why)."""
+    shard (file, measured size in bytes or None, expected size in bytes or None, why); ``groups`` as check_shard."""
     bad, total = [], 0
     names = sorted(set(files))
     for name in names:
         path = os.path.join(directory, name)
-        expected, why, tensor_bytes = check_shard(path, max_header)
+        expected, why, tensor_bytes = check_shard(path, max_header, groups)
         total += tensor_bytes
         if why:
             try:

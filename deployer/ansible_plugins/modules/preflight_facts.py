@@ -104,8 +104,10 @@ shards_present:
   type: list
   elements: str
 shard_check:
-  description: The listed shards against their own headers (bad, checked, tensor_bytes); checked 0 when a shard
-    is missing.
+  description:
+    - The listed shards against their own headers (bad, checked, tensor_bytes); checked 0 when a shard is missing.
+    - C(tensor_groups), the good shards' tensor bytes by name template (layer and expert numbers as N), is what the
+      memory plan reads (deployer/memory_plan.py).
   returned: with model_dir
   type: dict
 port_holders:
@@ -305,9 +307,9 @@ def main():
         d = p["model_dir"]
         listed, index_error = shard_index(d)
         present = shards_present(d)
-        bad, checked, tensor_bytes = [], 0, 0
+        bad, checked, tensor_bytes, tensor_groups = [], 0, 0, {}
         if listed is not None and not set(listed) - set(present):
-            bad, checked, tensor_bytes = check_shards(d, listed)
+            bad, checked, tensor_bytes = check_shards(d, listed, groups=tensor_groups)
         try:
             pw = pwd.getpwnam(p["service_user"])
             groups = supplementary_groups(pw.pw_name, pw.pw_gid)
@@ -323,7 +325,7 @@ def main():
             service_active=run(["systemctl", "is-active", p["service_name"]])["stdout"].strip(),
             model_config_exists=os.path.exists(os.path.join(d, "config.json")),
             index_files=listed, index_error=index_error, shards_present=present,
-            shard_check=dict(bad=bad, checked=checked, tensor_bytes=tensor_bytes),
+            shard_check=dict(bad=bad, checked=checked, tensor_bytes=tensor_bytes, tensor_groups=tensor_groups),
             port_holders=port_holders(p["port"], [p["service_name"]] + others),
             nvidia_devices=nvidia_devices(), service_user_exists=user_exists, service_user_entry=entry,
             unreadable=unreadable(d, p["service_user"], user_exists))

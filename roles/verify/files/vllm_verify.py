@@ -31,7 +31,7 @@ import traceback
 STARTED = time.time()   # the report's seconds: the whole run, engine import included
 # The parser destinations of the flags the deployer sets itself (deployer/serve.py MANAGED_FLAGS)
 MANAGED_DESTS = {"model_tag", "model", "served_model_name", "host", "port", "tensor_parallel_size",
-                 "gpu_memory_utilization", "max_model_len", "trust_remote_code", "speculative_config", "api_key",
+                 "gpu_memory_utilization", "max_model_len", "max_num_seqs", "trust_remote_code", "speculative_config", "api_key",
                  "safetensors_load_strategy", "model_loader_extra_config"}
 
 
