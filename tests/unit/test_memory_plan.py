@@ -136,3 +136,20 @@ def test_the_filter_reads_the_launch_it_judges(kimi):
     cpu = make_plan(dict(SETTINGS, backend="vllm-cpu", vllm_version="0.32.0", cpu_kvcache_space_gib=1,
                          cpu_omp_threads_bind="auto"))
     assert memory_filter(cpu, gpus, {"tensor_groups": groups}, cfg) is None
+
+
+def test_kv_bytes_per_token_is_what_the_real_vllm_measured():
+    """vLLM 0.25.1 on a real H200 (tests/fixtures/real-gpu/vllm-0.25.1-h200-bench/good_cold: bench/real_engine/
+    make_models.py's MLA target, 6 layers x (512 + 64), and its Llama EAGLE-3 drafter, 8 KV heads x 128) split its
+    KV memory into tokens at exactly the plan's bytes per token: the MLA latent and the drafter's own layer."""
+    import re
+    from pathlib import Path
+    out = (Path(__file__).parent.parent / "fixtures/real-gpu/vllm-0.25.1-h200-bench/good_cold/output.bin") \
+        .read_bytes().decode("utf-8", "replace")
+    gib = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", out).group(1))
+    tokens = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", out).group(1).replace(",", ""))
+    target = {"num_hidden_layers": 6, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    drafter = {"num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128}
+    per_token = mp.kv_bytes_per_token(target, 1, 2) + mp.kv_bytes_per_token(drafter, 1, 2)
+    assert per_token == 11_008
+    assert tokens == pytest.approx(gib * mp.GIB / per_token, rel=0.001)     # the GiB figure is rounded to 0.01
