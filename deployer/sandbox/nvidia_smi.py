@@ -6,8 +6,8 @@ Answers the queries the deployer makes, in nvidia-smi's CSV format:
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits
   nvidia-smi -L
 The GPU set comes from /etc/deployer-sandbox/gpus.json ({"count", "name", "memory_mib",
-"driver", "used_mib" (one number, or a list per GPU), "driver_loaded"}), so tests can
-rehearse a host with 7 GPUs, an old driver, busy GPUs, or a driver that is not loaded
+"driver", "used_mib" and "mig" (one value, or a list per GPU), "driver_loaded"}), so tests can
+rehearse a host with 7 GPUs, an old driver, busy GPUs, a GPU in MIG mode, or a driver that is not loaded
 (nvidia-smi's own message and exit code 9, as after a kernel update without a reboot).
 """
 import json
@@ -37,6 +37,11 @@ def used(c, i):
     return int(u[i] if isinstance(u, list) and i < len(u) else (0 if isinstance(u, list) else u))
 
 
+def mig(c, i):
+    m = c.get("mig", "Disabled")      # RTX PRO 6000 Blackwell supports MIG; off unless someone turned it on
+    return m[i] if isinstance(m, list) and i < len(m) else ("Disabled" if isinstance(m, list) else m)
+
+
 def field(c, i, name, units):
     mib = "" if units else " MiB"
     return {
@@ -44,6 +49,7 @@ def field(c, i, name, units):
         "memory.total": "%d%s" % (c["memory_mib"], mib), "memory.used": "%d%s" % (used(c, i), mib),
         "memory.free": "%d%s" % (c["memory_mib"] - used(c, i), mib),
         "uuid": "%s%d" % (c["uuid_prefix"], i), "compute_cap": "12.0", "pci.bus_id": "00000000:%02X:00.0" % (0x18 + i),
+        "mig.mode.current": mig(c, i),
     }[name]
 
 

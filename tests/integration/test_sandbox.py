@@ -89,6 +89,7 @@ PREFLIGHT_CASES = {
     "no_driver": "nvidia-smi: measured rc=9 (NVIDIA-SMI has failed because it couldn't communicate with the "
                  "NVIDIA driver.",
     "old_driver": "NVIDIA driver: measured 550.54.15, expected >= 570.0",
+    "mig_enabled": "GPU 2: measured MIG mode Enabled; expected Disabled",
     "wrong_gpu": "GPU 0: measured 'NVIDIA H100 80GB HBM3' with 81559 MiB; expected a name matching "
                  "'RTX PRO 6000 Blackwell' with >= 97000 MiB",
     "missing_config": "model: /srv/models/Kimi-K2.5/config.json not found",
@@ -122,6 +123,8 @@ def test_03_preflight_failure_changes_nothing(case):
         sbx.set_knobs(H, gpus={"driver_loaded": False})
     elif case == "old_driver":
         sbx.set_knobs(H, gpus={"driver": "550.54.15"})
+    elif case == "mig_enabled":
+        sbx.set_knobs(H, gpus={"mig": ["Disabled", "Disabled", "Enabled"]})
     elif case == "wrong_gpu":
         sbx.set_knobs(H, gpus={"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559})
     elif case == "missing_shard":

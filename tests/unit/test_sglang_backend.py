@@ -120,6 +120,9 @@ def test_attention_backends_without_sm120_kernels_are_refused_on_blackwell_rtx_o
     said = sm120_refusals(p, gpus)
     assert len(said) == 1 and said[0].startswith(f"--attention-backend {backend_flag}: ") and "use triton" in said[0]
     hopper = parse_gpu_csv("NVIDIA H200, 143771 MiB, 580.95.05, 0 MiB, 9.0\n")
+    assert hopper[0]["mig"] == ""
+    assert parse_gpu_csv("NVIDIA RTX PRO 6000 Blackwell, 97887 MiB, 580.95.05, 0 MiB, 12.0, Enabled\n")[0]["mig"] \
+        == "Enabled"
     assert sm120_refusals(p, hopper) == []
     assert sm120_refusals(sg(), gpus) == []                                    # triton: fine
     assert sm120_refusals(plan.make_plan(dict(BASE), dict(MANIFEST)), gpus) == []   # vLLM: not SGLang's rules

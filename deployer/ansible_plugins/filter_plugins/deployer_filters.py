@@ -18,13 +18,22 @@ except ImportError:
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from deployer import controller_id, drafter, engines, plan, serve, settings_check, versions  # noqa: E402
+from deployer import (  # noqa: E402
+    controller_id,
+    drafter,
+    engines,
+    host_checks,
+    plan,
+    serve,
+    settings_check,
+    versions,
+)
 from deployer.ansible_plugins.module_utils import engine_logs, formats  # noqa: E402
 
 
 def parse_gpu_csv(text):
-    """``nvidia-smi --query-gpu=name,memory.total,driver_version[,memory.used[,compute_cap]] --format=csv,noheader``
-    -> dicts."""
+    """``nvidia-smi --query-gpu=name,memory.total,driver_version[,memory.used[,compute_cap[,mig.mode.current]]]
+    --format=csv,noheader`` -> dicts (``mig``: Enabled, Disabled, or [N/A] on a GPU without MIG)."""
     gpus = []
     for line in (text or "").splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -34,7 +43,8 @@ def parse_gpu_csv(text):
         used = parts[3].split()[0] if len(parts) > 3 and parts[3] else "0"
         gpus.append({"name": parts[0], "memory_mib": int(mem) if mem.isdigit() else 0, "driver": parts[2],
                      "used_mib": int(used) if used.isdigit() else 0,
-                     "compute_cap": parts[4] if len(parts) > 4 else ""})
+                     "compute_cap": parts[4] if len(parts) > 4 else "",
+                     "mig": parts[5] if len(parts) > 5 else ""})
     return gpus
 
 
@@ -249,6 +259,8 @@ class FilterModule(object):
             "haproxy_word": haproxy_word,
             "drafter_fit": drafter_fit,
             "memory_plan": memory_plan,
+            "missing_nvidia_nodes": host_checks.missing_nodes,
+            "p2p_risks": host_checks.p2p_risks,
             "driver_floor": driver_floor,
             "driver_refusal": driver_refusal,
             "deployer_engine": engines.describe,

@@ -120,6 +120,18 @@ nvidia_devices:
   returned: with model_dir
   type: list
   elements: str
+nvidia_nodes:
+  description: The C(/dev/nvidia*) character device nodes present (names, sorted).
+  returned: with model_dir
+  type: list
+  elements: str
+iommu:
+  description:
+    - What decides whether PCIe peer-to-peer between the GPUs passes an IOMMU - C(devices), the entries of
+      /sys/class/iommu; C(cmdline), the kernel command line; C(uvm_disable_hmm), nvidia_uvm's parameter (null when
+      the module is not loaded).
+  returned: with model_dir
+  type: dict
 service_user_exists:
   description: Whether I(service_user) is in the passwd database.
   returned: with model_dir
@@ -167,7 +179,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.host_io import deployer_units, nvidia_devices
 from ansible.module_utils.safetensors_header import check_shards
 
-SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap",
+SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap,mig.mode.current",
              "--format=csv,noheader"]
 # what the server reads from the checkpoint directory (and the directory itself, '.')
 CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.py", "*.model", "*.tiktoken")
@@ -288,6 +300,32 @@ def supplementary_groups(user, primary_gid):
     return sorted(g.gr_name for g in grp.getgrall() if user in g.gr_mem and g.gr_gid != primary_gid)
 
 
+def nvidia_nodes(dev="/dev"):
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.startswith("nvidia"):
+            try:
+                if stat.S_ISCHR(os.stat(os.path.join(dev, n)).st_mode):
+                    out.append(n)
+            except OSError:
+                pass
+    return sorted(out)
+
+
+def iommu():
+    try:
+        devices = len(os.listdir("/sys/class/iommu"))
+    except OSError:
+        devices = 0
+    hmm = read_text("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm", 64)
+    return dict(devices=devices, cmdline=(read_text("/proc/cmdline", 65536) or "").strip(),
+                uvm_disable_hmm=hmm.strip() if hmm is not None else None)
+
+
 def main():
     m = AnsibleModule(argument_spec=dict(
         model_dir=dict(type="path"),
@@ -327,7 +365,8 @@ def main():
             index_files=listed, index_error=index_error, shards_present=present,
             shard_check=dict(bad=bad, checked=checked, tensor_bytes=tensor_bytes, tensor_groups=tensor_groups),
             port_holders=port_holders(p["port"], [p["service_name"]] + others),
-            nvidia_devices=nvidia_devices(), service_user_exists=user_exists, service_user_entry=entry,
+            nvidia_devices=nvidia_devices(), nvidia_nodes=nvidia_nodes(), iommu=iommu(),
+            service_user_exists=user_exists, service_user_entry=entry,
             unreadable=unreadable(d, p["service_user"], user_exists))
     m.exit_json(**res)
 
