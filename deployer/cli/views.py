@@ -92,7 +92,7 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
     for h, st in sorted(data.items()):
         t = Table(title=f"{lit(h)}: releases")
         for c in ("", "id", "engine", "patch", "result", "deployed", "down s", "load s", "prewarm s", "compile",
-                  "KV tokens (plan)", "accept", "API"):
+                  "KV tokens (plan)", "accept", "tok/s", "API"):
             t.add_column(c, no_wrap=True)
         for r in st.get("releases", []):   # newest first (deployer_state sorts them)
             mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
@@ -100,7 +100,8 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
                 mark, r["id"], _engine(r), str(r.get("patch_fingerprint") or "native")[:12],
                 str(r.get("result") or "-"), _ts(r.get("deployed_at")), _num((r.get("downtime") or {}).get("seconds")),
                 _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
-                _kv(r), _num(r.get("acceptance_rate")))), _api(r.get("api_protected")))
+                _kv(r), _num(r.get("acceptance_rate")), _num(r.get("tokens_per_second")))),
+                      _api(r.get("api_protected")))
         out.print(t)
         if st.get("lock"):
             out.print(f"[yellow]locked[/] by {lit(st['lock'])}")

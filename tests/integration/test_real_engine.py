@@ -53,6 +53,10 @@ def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_draft
     data = json.loads(deployer("releases", "--sandbox", "--json").stdout)[H]
     live = [x for x in data["releases"] if x["id"] == data["current"]][0]
     assert live["load_seconds"] > 10 and live["acceptance_rate"] > 0, live
+    # the real engine's own KV cache and one timed request, recorded per release (no memory plan on a CPU: its KV
+    # cache is VLLM_CPU_KVCACHE_SPACE, not a share of GPU memory)
+    assert live["kv_cache_tokens"] > 0 and live["kv_cache_tokens_planned"] is None, live
+    assert live["tokens_per_second"] > 0, live
     # the real API-key check: 401 without the key, 200 with it
     assert sh(H, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/v1/models") == "401"
     assert sh(H, f"curl -s -o /dev/null -w '%{{http_code}}' {auth()} localhost:8000/v1/models") == "200"

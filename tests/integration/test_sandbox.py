@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from sandbox_helpers import FAST, SVC, flat, needs_sandbox, sandbox_hosts, up, venv
+from sandbox_helpers import FAST, SVC, deployer, flat, needs_sandbox, sandbox_hosts, up, venv
 from sandbox_helpers import main_pid as _main_pid
 from sandbox_helpers import sh as _sh
 
@@ -62,6 +62,11 @@ def test_01_full_up_then_noop(tmp_path):
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["method"] == "eagle3" and spec["model"].startswith("/opt/deployer/drafters/")
     assert sh(f"test -f {spec['model']}/.deployer-complete && echo ok") == "ok"
+    # issue 42: the default deploy passes its own memory plan, and releases records it beside what the engine said
+    assert "memory plan per GPU: 97887 MiB x gpu_memory_utilization 0.94 = 89.9 GiB; weights 71.8 GiB" in flat(r.stderr)
+    live = json.loads(deployer("releases", "--sandbox", "--json").stdout)[H]["releases"][0]
+    assert live["kv_cache_tokens_planned"] == 181_864 and live["kv_cache_tokens"] > 0, live
+    assert live["tokens_per_second"] > 0, live
     pid = main_pid()
 
     r2, plans = traced_up(tmp_path, "noop")

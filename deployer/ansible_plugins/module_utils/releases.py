@@ -176,7 +176,8 @@ def relink(link, target, check_mode=False):
 SUMMARY_KEYS = ("id", "backend", "engine_version", "vllm_version", "patch_fingerprint", "drafter_tree_sha256",
                 "result", "deployed_at", "created_at", "user", "controller", "phase_seconds", "load_seconds",
                 "acceptance_rate", "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",
-                "api_protected", "service_user", "downtime", "prewarm", "kv_cache_tokens", "kv_cache_tokens_planned")
+                "api_protected", "service_user", "downtime", "prewarm", "kv_cache_tokens", "kv_cache_tokens_planned",
+                "tokens_per_second")
 
 
 def _link(root, name):

@@ -88,6 +88,19 @@ metrics_after:
   description: The /metrics text after it.
   returned: always
   type: str
+seconds:
+  description: How long the greedy request took, end to end (prefill, decode, the HTTP round trip), seconds.
+  returned: always
+  type: float
+completion_tokens:
+  description: The greedy answer's completion tokens (its usage), 0 when it had none.
+  returned: always
+  type: int
+tokens_per_second:
+  description: completion_tokens / seconds of the greedy request (one request alone; with speculation, what the
+    drafter gains or costs shows here), null without tokens.
+  returned: always
+  type: float
 sampled:
   description: The sampled request's HTTP status, its completion tokens (the usage's count) and why there was no
     answer; null when I(sampled_temperature) is 0.
@@ -96,6 +109,7 @@ sampled:
 """
 
 import json
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
@@ -147,8 +161,12 @@ def main():
     headers = {"Content-Type": "application/json"}
     if p["api_key"]:
         headers["Authorization"] = "Bearer " + p["api_key"]
+    t0 = time.monotonic()
     status, data, error = _chat(base + "/v1/chat/completions", body, headers, p["timeout_seconds"])
+    seconds = round(time.monotonic() - t0, 3)
     after = _get(base + "/metrics", p["timeout_seconds"])
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
     sampled = None
     if p["sampled_temperature"] > 0:
         s_status, s_data, s_error = _chat(base + "/v1/chat/completions",
@@ -158,7 +176,8 @@ def main():
         sampled = dict(status=s_status, completion_tokens=tokens if isinstance(tokens, int) else 0,
                        error=s_error or (str(s_data.get("error"))[:300] if s_data.get("error") else ""))
     m.exit_json(changed=False, status=status, json=data, error=error, metrics_before=before, metrics_after=after,
-                sampled=sampled)
+                sampled=sampled, seconds=seconds, completion_tokens=completion,
+                tokens_per_second=round(completion / seconds, 1) if seconds > 0 and completion else None)
 
 
 if __name__ == "__main__":
