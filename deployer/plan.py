@@ -92,8 +92,14 @@ def content_hash(value: Any, length: int = 12) -> str:
 
 
 def patch_engine_id() -> str:
-    """The patch engine's identity (hash of its source): part of the patched venv's name."""
-    return hashlib.sha256(_PATCH_ENGINE.read_bytes()).hexdigest()[:8]
+    """The patch engine's identity: a hash of its code's tokens, its comments and blank lines left out.  Part of the
+    patched venv's name, so a changed patch engine never reuses a venv another one patched - and a comment edit does
+    not reinstall every patched host's ~10 GB venv (issue 43)."""
+    import io
+    import tokenize
+    toks = tokenize.generate_tokens(io.StringIO(_PATCH_ENGINE.read_text()).readline)
+    code = "\0".join(f"{t.type}:{t.string}" for t in toks if t.type not in (tokenize.COMMENT, tokenize.NL))
+    return hashlib.sha256(code.encode()).hexdigest()[:8]
 
 
 def is_loopback(host: str) -> bool:

@@ -36,10 +36,6 @@ def vtuple(v: str) -> tuple:
     return tuple(out)
 
 
-def _minor(v: str) -> tuple:
-    return vtuple(v)[:2]
-
-
 def verdict(row: dict) -> tuple[str, str]:
     """(outcome, why) for one measured row."""
     if row.get("error"):
@@ -151,13 +147,3 @@ def _cached(path: str) -> dict:
     if path not in _LOADED:
         _LOADED[path] = load(Path(path))
     return _LOADED[path]
-
-
-def for_version(data: dict, engine: str, version: str) -> dict | None:
-    """The measured row for ``version``, or the newest measured release of its minor (the matrix keeps the latest
-    patch release per minor), or None."""
-    exact = [r for r in data["rows"] if r["engine"] == engine and r["version"] == version]
-    if exact:
-        return exact[0]
-    same = [r for r in data["rows"] if r["engine"] == engine and _minor(r["version"]) == _minor(version)]
-    return max(same, key=lambda r: vtuple(r["version"])) if same else None

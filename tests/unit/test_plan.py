@@ -77,16 +77,18 @@ def test_the_log_line_wrapper_is_named_by_its_content_and_part_of_the_release():
 
 
 def test_patch_engine_id_follows_the_engine_source(tmp_path, monkeypatch):
-    """The id names the patch engine's source, not its place (issue 24 item 9: this re-implemented the function):
-    a copy elsewhere has the same id; one changed byte, another id (a patched venv of another engine is never
-    reused)."""
+    """The id names the patch engine's code, not its place (issue 24 item 9: this re-implemented the function): a
+    copy elsewhere has the same id; changed code, another id (a patched venv of another engine is never reused)."""
     ours = planmod.patch_engine_id()
     assert len(ours) == 8 and int(ours, 16) >= 0
     copy = tmp_path / "eagle3_patch.py"
     copy.write_bytes(planmod._PATCH_ENGINE.read_bytes())
     monkeypatch.setattr(planmod, "_PATCH_ENGINE", copy)
     assert planmod.patch_engine_id() == ours
-    copy.write_bytes(copy.read_bytes() + b"\n# one more line\n")
+    # a comment or a blank line is not what the engine does: the patched venvs keep their name (issue 43)
+    copy.write_bytes(copy.read_bytes().replace(b"\nimport ", b"\n# a comment\n\nimport ", 1) + b"\n# one more line\n")
+    assert planmod.patch_engine_id() == ours
+    copy.write_bytes(copy.read_bytes() + b"\nX = 1\n")         # code: another engine, another venv
     assert planmod.patch_engine_id() != ours
 
 
