@@ -130,7 +130,7 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
         (tmp_path / "after", "auto", dict(compute_caps=["12.0"], safetensors_load_strategy="eager",
                                           model_loader_extra_config={"enable_multithread_load": True,
                                                                      "num_threads": 8},
-                                          extra_args=["--max-num-seqs", "8"])),
+                                          extra_args=["--max-num-batched-tokens", "4096"])),
         # guards (issue 20, item 3): vLLM's own parser on the extra words, whatever the spelling: an abbreviation
         # (--ho is --host), a dotted sub-key merged into the speculative config; refused before any restart
         (tmp_path / "sneaky", "cpu", dict(raw_extra=["--ho", "10.9.8.7",
@@ -148,7 +148,8 @@ def test_supports_eagle3_and_config_validation_before_and_after(clone, tmp_path)
     rc, checks = after
     assert rc == 0, checks
     assert "attention_backend" not in checks        # none named: the engine chooses on the GPU, nothing to ask
-    assert checks["managed_flags"]["ok"] and checks["managed_flags"]["detail"]["extra_args"] == ["--max-num-seqs", "8"]
+    assert checks["managed_flags"]["ok"]
+    assert checks["managed_flags"]["detail"]["extra_args"] == ["--max-num-batched-tokens", "4096"]
     assert checks["supports_eagle3"]["detail"] == {"KimiK25ForConditionalGeneration": True,
                                                    "DeepseekV2ForCausalLM": True}
     assert checks["config_validation"]["detail"]["speculative_method"] == "eagle3"
