@@ -43,6 +43,10 @@ class Engine:
     # the venv's CUDA libraries that hold the model's kernels (globs under site-packages -> what they hold): the verify
     # stage reads which carry only PTX for the host's GPUs, and so the driver they need (deployer/driver_floor.py)
     cuda_libraries: dict = {}
+    # the GPU canary before the restart (roles/canary): whether this engine runs on NVIDIA GPUs at all, and which of
+    # the release's own kernels it asks for (gpu_canary.py PROBES: the code a PTX-only build JIT-compiles at load)
+    gpu_canary = True
+    canary_probes: tuple = ()
 
     # -- what the plan asks
     def version(self, s: dict) -> str:
@@ -109,7 +113,8 @@ class Engine:
         return {"name": self.name, "label": self.label, "package": self.package, "version": version,
                 "patchable": self.patchable, "capability_probe": self.capability_probe, "verifier": self.verifier,
                 "log_rules": self.log_rules, "drafts_metric": self.drafts_metric,
-                "health_timeout_seconds": self.health_timeout_seconds, "cuda_libraries": dict(self.cuda_libraries)}
+                "health_timeout_seconds": self.health_timeout_seconds, "cuda_libraries": dict(self.cuda_libraries),
+                "gpu_canary": self.gpu_canary, "canary_probes": list(self.canary_probes)}
 
 
 REGISTRY: dict[str, Engine] = {}

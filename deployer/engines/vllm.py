@@ -20,6 +20,7 @@ class VLLM(Engine):
     log_rules = "vllm"
     drafts_metric = "vllm:spec_decode_num_drafts_total"
     memory_plan = True
+    canary_probes = ("vllm_marlin_repack", "vllm_moe_topk")
     cuda_libraries = {
         "vllm/_moe_C*.so": "fused MoE, Kimi's INT4 Marlin MoE among them",
         "vllm/_C*.so": "core kernels, gptq_marlin_repack of Kimi's INT4 experts among them",

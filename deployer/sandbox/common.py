@@ -32,6 +32,7 @@ STANDIN_SEED = "/var/lib/deployer-sandbox/standin-seed"   # the seed's stand-in 
 # the stand-in's answer files (standin.py names them so): the only names saved, and restored into a tmpfiles.d line
 STANDIN_ANSWER = re.compile(r"eagle3-[0-9a-f]{16}\.json")
 STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"
+CANARY_RANK_PATH = "/usr/local/lib/deployer-sandbox/canary_rank.py"
 DEPLOY_ROOT = "/opt/deployer"
 APT_PACKAGES = ("openssh-server", "openssh-client", "rsync", "systemd-container", "iproute2", "sudo")
 # A "sudo host" (`deployer sandbox start --sudo`) refuses root over SSH, as many production hosts do: the deployer

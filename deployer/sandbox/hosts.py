@@ -138,6 +138,7 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache
     shutil.copy(HERE / "standin.py", lib / "vllm_standin.py")
     shutil.copy(HERE / "sglang_standin.py", lib / "sglang_standin.py")   # plays SGLang (backend sglang)
     shutil.copy(HERE / "standin_base.py", lib / "standin_base.py")       # what both share
+    shutil.copy(HERE / "canary_rank.py", lib / "canary_rank.py")         # one GPU canary rank, simulated
     # the stand-in's own bookkeeping (argv.json, ready/died marks): it runs as the unprivileged service
     # user under ProtectSystem=strict, so the directory is made at boot and allowed in the inventory
     tmpfiles = mk("etc/tmpfiles.d")

@@ -8,6 +8,7 @@ from pathlib import Path
 from deployer.sandbox import real_engine
 from deployer.sandbox.checkpoints import write_drafter_dir
 from deployer.sandbox.common import (
+    CANARY_RANK_PATH,
     MODEL_DIR,
     STANDIN_PATH,
     STATE,
@@ -79,6 +80,8 @@ def write_client_files(hosts: list[Host]) -> None:
         "deployer_model_dir": MODEL_DIR,
         "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),
         "deployer_writable_paths": ["-/run/deployer-standin"],
+        # SANDBOX: the GPU canary's ranks play the simulated GPUs (the canary itself is the real one)
+        "canary_rank_program": ["/usr/bin/python3", CANARY_RANK_PATH],
     }}}}}
     if lbs:   # SANDBOX: HAProxy from the controller's own package (the hosts share its file system)
         inv["all"]["children"]["balancer"] = {"hosts": lbs, "vars": {"deployer_sandbox": True}}

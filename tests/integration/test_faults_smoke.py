@@ -142,6 +142,35 @@ def test_a_driver_older_than_the_releases_kimi_kernels_need_is_refused_before_th
     assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) == pid
 
 
+@pytest.mark.parametrize("gpus,extra,expect", [
+    ({"cuda_error": {"3": "uncorrectable ECC error encountered"}}, [],
+     "GPU canary, before the restart: GPU 3: CUDA init failed: torch.AcceleratorError: CUDA error: uncorrectable ECC "
+     "error encountered (1 of 8 GPUs failed it;"),
+    ({"canary_hang": {"5": "cuda"}}, ["-e", "canary_timeout_seconds=4"],
+     "GPU canary, before the restart: GPU 5: its rank never joined the NCCL group (still in CUDA init when the "
+     "canary's limit of 4.0 s ran out); expected all 8 ranks to join"),
+    ({"nccl_hang": True}, ["-e", "canary_timeout_seconds=4"],
+     "GPU canary, before the restart: the NCCL all-reduce over 8 GPUs did not finish within 4.0 s (8 ranks still in "
+     "it): every rank joined and the all-reduce never finished: PCIe peer-to-peer"),
+], ids=["cuda-init-fails-on-one-gpu", "a-rank-never-joins", "the-all-reduce-hangs"])
+def test_the_gpu_canary_refuses_before_the_restart(gpus, extra, expect):
+    """Issue 42: what kills a load in its first minutes on a real host (a GPU that does not initialise, a rank that
+    never joins, a P2P all-reduce that hangs) is found in seconds by the canary, run with the server unit's own
+    properties, and nothing is restarted."""
+    live, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
+    set_knobs(H, gpus=gpus)
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.9537", *FAST, *extra)
+    finally:
+        set_knobs(H, gpus={})
+    out = flat(r.stdout + r.stderr)
+    assert r.returncode == 4, out[-3000:]
+    assert expect in out, out[-3000:]
+    assert "sbx1 canary failed" in out
+    assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) == pid
+    assert sh(H, "pgrep -f '[c]anary_rank' || true") == ""       # no rank left behind
+
+
 # What an engine or a model may print: Rich markup that does not close, a tensor-parallel prefix, terminal escapes
 # (clear the screen, set the title, a clipboard write), a fake success line.
 HOSTILE = ("weights at [/models/kimi] [/INST] [/] [rank0]: \x1b]0;owned\x1b\\\x1b[2J\x1b[1;32mdeploy OK\x1b[0m "

@@ -31,7 +31,9 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
                            "health_timeout_seconds": 22.0,
                            # where its kernels are: the verify stage reads the driver they need
                            "cuda_libraries": {"sgl_kernel/*.so": "sgl-kernel",
-                                              "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"}}
+                                              "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"},
+                           # the GPU canary before the restart: CUDA, NCCL and Triton (no SGLang kernel probe yet)
+                           "gpu_canary": True, "canary_probes": []}
     assert p["draft_tokens_per_step"] == 3      # --speculative-num-draft-tokens 4: the last accepted + 3 drafts
     assert p["venv"] == "/opt/deployer/venvs/sglang-0.5.23" and p["vllm_version"] is None
     assert p["patch_state"] == "absent"

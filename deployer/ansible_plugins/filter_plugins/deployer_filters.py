@@ -19,6 +19,7 @@ except ImportError:
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
 from deployer import (  # noqa: E402
+    canary,
     controller_id,
     drafter,
     engines,
@@ -263,6 +264,8 @@ class FilterModule(object):
             "p2p_risks": host_checks.p2p_risks,
             "driver_floor": driver_floor,
             "driver_refusal": driver_refusal,
+            "canary_verdict": canary.judge,
+            "unit_run_properties": canary.run_properties,
             "deployer_engine": engines.describe,
             "engine_of_unit": engines.engine_of_unit,
             "deployer_secret_files": plan.secret_files,

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""The GPU canary: what a load would meet on these GPUs in its first minutes, in seconds and before the restart.
+
+Run by the release venv's Python as the service user, in a transient unit with the server unit's own properties
+(roles/canary).  Host code: the standard library here; torch, Triton and the engine only inside a rank.  It judges
+nothing: it reports what each rank reached and measured, and the controller judges (deployer/canary.py).
+
+  gpu_canary.py --world 8 --timeout-s 180 [--probe vllm_marlin_repack ...]
+
+starts one rank per GPU (``--rank-program``: another program that speaks the same lines, the sandbox's stand-in),
+reads their progress lines, stops them all at the time limit, and prints one report line:
+
+  DEPLOYER-CANARY {"world": 8, "timed_out": false, "ranks": [{"rank": 0, "steps": {"cuda": {...}, ...}}, ...]}
+
+A rank prints one JSON line per step (``{"rank": 0, "step": "cuda", "ok": true, ...}``), in this order:
+
+  cuda      CUDA init on its GPU (torch.cuda.set_device, mem_get_info): name, compute capability, free/total MiB
+  memory    whether the live server leaves this canary its room (``--min-free-mib``); a rank stops here if not
+  nccl_init about to join the NCCL group (every rank must print it: one that never does is a rank that never joins)
+  nccl      init_process_group + an all-reduce of ``--allreduce-mib`` checked for its sum, then timed (bus GB/s)
+  triton    one Triton kernel compiled and run (the compiler, Python.h and Triton's cache as the server has them)
+  probe     each of the release's own kernels asked for (``--probe``): the code a PTX-only build JIT-compiles
+  done      the rank finished
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+PREFIX = "DEPLOYER-CANARY "
+
+
+def emit(rank: int, step: str, ok: bool = True, **kw) -> None:
+    print(json.dumps({"rank": rank, "step": step, "ok": ok, **kw}), flush=True)
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__module__}.{type(e).__qualname__}: {e}".replace("builtins.", "")[:2000]
+
+
+# ----------------------------------------------------------------------------------------------- one rank (torch)
+def _triton_add(torch):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    x = torch.arange(4096, device="cuda", dtype=torch.float32)
+    out = torch.empty_like(x)
+    add[(4,)](x, x, out, x.numel(), BLOCK=1024)
+    torch.cuda.synchronize()
+    if not torch.equal(out, x * 2):
+        raise AssertionError("Triton's add kernel returned a wrong sum")
+    return {"triton": triton.__version__}
+
+
+def _probe_vllm_marlin_repack(torch):
+    """vLLM's _C: gptq_marlin_repack, which repacks Kimi-K2.5's INT4 expert weights at load (signature of the
+    installed release: 0.16 takes a perm tensor, 0.33 does not)."""
+    import inspect
+
+    from vllm import _custom_ops as ops
+    k, n = 128, 256
+    q = torch.zeros((k // 8, n), dtype=torch.int32, device="cuda")
+    params = inspect.signature(ops.gptq_marlin_repack).parameters
+    extra = [torch.empty(0, dtype=torch.int32, device="cuda")] if "perm" in params else []
+    out = ops.gptq_marlin_repack(q, *extra, k, n, 4)
+    torch.cuda.synchronize()
+    return {"shape": list(out.shape)}
+
+
+def _probe_vllm_moe_topk(torch):
+    """vLLM's _moe_C: topk_softmax, the router of every MoE layer."""
+    from vllm import _custom_ops as ops
+    tokens, experts, k = 4, 384, 8
+    w = torch.empty((tokens, k), dtype=torch.float32, device="cuda")
+    ids = torch.empty((tokens, k), dtype=torch.int32, device="cuda")
+    idx = torch.empty((tokens, k), dtype=torch.int32, device="cuda")
+    ops.topk_softmax(w, ids, idx, torch.randn((tokens, experts), dtype=torch.float32, device="cuda"))
+    torch.cuda.synchronize()
+    return {"experts": experts, "topk": k}
+
+
+PROBES = {"vllm_marlin_repack": _probe_vllm_marlin_repack, "vllm_moe_topk": _probe_vllm_moe_topk}
+
+
+def rank_main(a) -> int:
+    rank = a.rank
+    t = time.monotonic()
+    try:
+        import torch
+        torch.cuda.set_device(rank)
+        free, total = torch.cuda.mem_get_info()
+        emit(rank, "cuda", name=torch.cuda.get_device_name(rank),
+             compute_cap="%d.%d" % torch.cuda.get_device_capability(rank), free_mib=free // 2**20,
+             total_mib=total // 2**20, torch=torch.__version__, cuda=torch.version.cuda,
+             seconds=round(time.monotonic() - t, 3))
+    except Exception as e:     # noqa: BLE001 - what CUDA says is the report
+        emit(rank, "cuda", False, error=_error(e), seconds=round(time.monotonic() - t, 3))
+        return 1
+    if free // 2**20 < a.min_free_mib:
+        emit(rank, "memory", False, free_mib=free // 2**20, needed_mib=a.min_free_mib)
+        return 3
+    emit(rank, "memory", free_mib=free // 2**20, needed_mib=a.min_free_mib)
+    import datetime
+
+    import torch.distributed as dist
+    emit(rank, "nccl_init", nccl=".".join(map(str, torch.cuda.nccl.version())))
+    t = time.monotonic()
+    try:
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=a.world,
+                                timeout=datetime.timedelta(seconds=a.nccl_timeout_s),
+                                device_id=torch.device("cuda", rank))
+        n = a.allreduce_mib * 2**20 // 4
+        x = torch.full((n,), float(rank + 1), device="cuda")
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        want = a.world * (a.world + 1) / 2
+        if x[0].item() != want or x[-1].item() != want:
+            raise AssertionError(f"all-reduce sum: measured {x[0].item()} / {x[-1].item()}, expected {want}")
+        joined = time.monotonic() - t
+        t1 = time.monotonic()
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        step = time.monotonic() - t1
+        busbw = 2 * (a.world - 1) / a.world * n * 4 / step / 1e9 if a.world > 1 else None
+        emit(rank, "nccl", seconds=round(joined, 3), allreduce_mib=a.allreduce_mib,
+             allreduce_seconds=round(step, 6), bus_gbps=round(busbw, 2) if busbw else None)
+        del x
+    except Exception as e:     # noqa: BLE001
+        emit(rank, "nccl", False, error=_error(e), seconds=round(time.monotonic() - t, 3))
+        return 1
+    failed = False
+    if rank == 0 or a.triton_every_rank:
+        t = time.monotonic()
+        try:
+            got = _triton_add(torch)
+            emit(rank, "triton", seconds=round(time.monotonic() - t, 3), **got)
+        except Exception as e:     # noqa: BLE001
+            emit(rank, "triton", False, error=_error(e), seconds=round(time.monotonic() - t, 3))
+            failed = True
+    for name in a.probe:
+        t = time.monotonic()
+        try:
+            got = PROBES[name](torch)
+            emit(rank, "probe", probe=name, seconds=round(time.monotonic() - t, 3), **got)
+        except (ImportError, AttributeError, TypeError) as e:   # this release has no such API: not its kernels' fault
+            emit(rank, "probe", probe=name, skipped=_error(e), seconds=round(time.monotonic() - t, 3))
+        except Exception as e:     # noqa: BLE001
+            emit(rank, "probe", False, probe=name, error=_error(e), seconds=round(time.monotonic() - t, 3))
+            failed = True
+    try:
+        dist.destroy_process_group()
+    except Exception:     # noqa: BLE001 - the report is made
+        pass
+    emit(rank, "done", not failed)
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------- the ranks, watched (stdlib)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(a) -> dict:
+    port = free_port()
+    program = a.rank_program or [sys.executable, "-I", os.path.abspath(__file__)]
+    common = ["--world", str(a.world), "--port", str(port), "--min-free-mib", str(a.min_free_mib),
+              "--allreduce-mib", str(a.allreduce_mib), "--nccl-timeout-s", str(a.nccl_timeout_s)]
+    common += [w for p in a.probe for w in ("--probe", p)] + (["--triton-every-rank"] if a.triton_every_rank else [])
+    sel = selectors.DefaultSelector()
+    ranks, procs = [], []
+    for r in range(a.world):
+        # each rank leads its own process group: a hung rank's children go with it at the time limit
+        p = subprocess.Popen(program + ["--rank", str(r)] + common, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        procs.append(p)
+        ranks.append({"rank": r, "steps": {}, "probes": [], "stderr": b""})
+        sel.register(p.stdout, selectors.EVENT_READ, (r, "out"))
+        sel.register(p.stderr, selectors.EVENT_READ, (r, "err"))
+    partial, pipes = {}, {r: 2 for r in range(a.world)}
+    deadline = time.monotonic() + a.timeout_s
+    stopped_by = None
+    while any(pipes.values()) and stopped_by is None and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            r, kind = key.data
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                pipes[r] -= 1
+                # a rank that ended without its all-reduce: the others would wait for it until NCCL's own timeout
+                if not pipes[r] and procs[r].wait() != 0 and not ranks[r]["steps"].get("nccl", {}).get("ok"):
+                    stopped_by = r
+                continue
+            if kind == "err":
+                ranks[r]["stderr"] = (ranks[r]["stderr"] + chunk)[-4000:]
+                continue
+            buf = partial.get(r, b"") + chunk
+            *lines, partial[r] = buf.split(b"\n")
+            for line in lines:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict) and isinstance(ev.get("step"), str):
+                    ev.pop("rank", None)
+                    step = ev.pop("step")
+                    (ranks[r]["probes"].append(ev) if step == "probe" else ranks[r]["steps"].__setitem__(step, ev))
+    timed_out = any(pipes.values()) and stopped_by is None
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p, rk in zip(procs, ranks, strict=True):
+        rk["exit"] = p.wait()
+        rk["stderr"] = rk["stderr"].decode("utf-8", "replace")[-2000:]
+    return {"world": a.world, "timed_out": timed_out, "timeout_s": a.timeout_s, "stopped_by": stopped_by,
+            "ranks": ranks}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, required=True, help="ranks, one per GPU")
+    ap.add_argument("--rank", type=int, help="run as this rank (the canary starts its ranks so)")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--timeout-s", type=float, default=180.0, help="the whole canary's limit")
+    ap.add_argument("--nccl-timeout-s", type=float, default=120.0, help="NCCL's own limit for joining")
+    ap.add_argument("--min-free-mib", type=int, default=2048, help="GPU memory a rank needs free")
+    ap.add_argument("--allreduce-mib", type=int, default=64)
+    ap.add_argument("--probe", action="append", default=[], choices=sorted(PROBES))
+    ap.add_argument("--triton-every-rank", action="store_true")
+    ap.add_argument("--rank-program", action="append", default=[],
+                    help="argv of another program that runs a rank (repeat per word; the sandbox's stand-in)")
+    a = ap.parse_args(argv)
+    if a.rank is not None:
+        return rank_main(a)
+    t = time.monotonic()
+    report = run_ranks(a)
+    report["seconds"] = round(time.monotonic() - t, 3)
+    print(PREFIX + json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The GPU canary's verdict (deployer/canary.py) on reports a real GPU gave (tests/fixtures/real-gpu/canary), the
+unit properties it runs with, and the sandbox's stand-in rank held to the real rank's lines."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deployer import canary
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL = ROOT / "tests/fixtures/real-gpu/canary"
+UNIT = ROOT / "tests/golden"
+
+
+def real(name):
+    return canary.read_report((REAL / name).read_text())
+
+
+def test_a_real_good_run_passes_with_what_it_measured():
+    v = canary.verdict(real("world1.txt"), 1)
+    assert v["refusal"] is None and v["ok"] and v["not_run"] is None
+    assert v["measured"]["cuda_init_seconds"] == 4.704
+    assert v["measured"]["probes"] == {"vllm_marlin_repack": "skipped", "vllm_moe_topk": "skipped"}
+    assert "NVIDIA H100 80GB HBM3" in v["summary"] and "Triton compiled and ran a kernel" in v["summary"]
+    assert "No module named 'vllm'" in v["summary"]
+
+
+def test_a_real_gpu_that_fails_cuda_init_is_named_not_the_rank_that_waited_for_it():
+    for f in ("world2_nccl30.txt", "world2_timeout.txt"):
+        v = canary.verdict(real(f), 2)
+        assert v["refusal"].startswith("GPU 1: CUDA init failed: torch.AcceleratorError: CUDA error: invalid device "
+                                       "ordinal"), v["refusal"]
+        assert "GPU 0" not in v["refusal"]
+
+
+def test_a_real_gpu_without_room_is_not_run_and_said():
+    v = canary.verdict(real("nomem.txt"), 1)
+    assert v["refusal"] is None and v["ok"]
+    assert v["not_run"] == ("GPU 0 has 80552 MiB free beside the live server, the canary needs 999999 "
+                            "(canary_min_free_mib): not run, the load will find out")
+
+
+def _report(world=2, timed_out=False, **per_rank):
+    ok = {"cuda": {"ok": True, "name": "G", "compute_cap": "12.0", "seconds": 2.0},
+          "memory": {"ok": True, "free_mib": 90000, "needed_mib": 2048}, "nccl_init": {"ok": True},
+          "nccl": {"ok": True, "seconds": 0.4, "allreduce_mib": 64, "bus_gbps": 21.5},
+          "triton": {"ok": True, "seconds": 1.1}, "done": {"ok": True}}
+    ranks = []
+    for r in range(world):
+        steps = per_rank.get(f"r{r}", ok)
+        ranks.append({"rank": r, "steps": dict(steps), "probes": [], "stderr": "", "exit": 0})
+    return {"world": world, "timed_out": timed_out, "timeout_s": 180.0, "ranks": ranks, "seconds": 5.0}
+
+
+UNTIL_INIT = {"cuda": {"ok": True, "seconds": 2}, "memory": {"ok": True}, "nccl_init": {"ok": True}}
+
+
+def test_a_rank_that_never_joins_is_named_with_where_it_stayed():
+    v = canary.verdict(_report(timed_out=True, r0=UNTIL_INIT, r1={}), 2)
+    assert v["refusal"] == ("GPU 1: its rank never joined the NCCL group (still in CUDA init when the canary's "
+                            "limit of 180.0 s ran out); expected all 2 ranks to join: tensor parallelism would wait "
+                            "on it for the whole NCCL timeout")
+
+
+def test_an_all_reduce_every_rank_joined_and_that_never_ends_points_at_p2p():
+    v = canary.verdict(_report(timed_out=True, r0=UNTIL_INIT, r1=UNTIL_INIT), 2)
+    assert v["refusal"].startswith("the NCCL all-reduce over 2 GPUs did not finish within 180.0 s (2 ranks still in "
+                                   "it): every rank joined")
+    assert "NCCL_P2P_DISABLE=1" in v["refusal"]
+
+
+def test_a_failed_release_kernel_and_a_failed_triton_refuse():
+    r = _report(world=1)
+    r["ranks"][0]["probes"] = [{"ok": False, "probe": "vllm_marlin_repack",
+                                "error": "torch.AcceleratorError: CUDA error: no kernel image is available"}]
+    assert canary.verdict(r, 1)["refusal"].startswith("GPU 0: the release's kernel vllm_marlin_repack failed: "
+                                                      "torch.AcceleratorError: CUDA error: no kernel image")
+    r = _report(world=1, r0=dict(_report()["ranks"][0]["steps"], triton={"ok": False, "error": "CalledProcessError"}))
+    assert "Triton could not compile and run a kernel as the service user" in canary.verdict(r, 1)["refusal"]
+
+
+def test_no_report_and_a_wrong_rank_count_refuse():
+    assert canary.judge({"rc": 217, "stdout": "", "stderr": "Failed to start transient service unit: boom\n"}, 8)[
+        "refusal"] == ("the GPU canary printed no report (exit 217): Failed to start transient service unit: boom; "
+                       "expected one line starting DEPLOYER-CANARY")
+    assert canary.verdict(_report(world=2), 8)["refusal"].startswith("the GPU canary ran 2 ranks, expected 8")
+
+
+def test_the_canary_runs_with_the_units_own_lines_but_how_systemd_starts_and_logs_it():
+    unit = ("[Unit]\nDescription=x\nAfter=a.service\n[Service]\nType=simple\nEnvironmentFile=/r/vllm.env\n"
+            "LoadCredential=api_key:/s/api_key\nUser=kimi\nExecStart=/v/bin/vllm serve \\\n  /m\nRestart=always\n"
+            "LimitMEMLOCK=infinity\n# hardening\nNoNewPrivileges=yes\nCapabilityBoundingSet=\n"
+            "SystemCallFilter=~@clock @mount\nSystemCallFilter=~ptrace\nDeviceAllow=char-nvidia-uvm rw\n"
+            "StandardOutput=journal\n[Install]\nWantedBy=multi-user.target\n")
+    assert canary.run_properties(unit) == [
+        "-p", "EnvironmentFile=/r/vllm.env", "-p", "User=kimi", "-p", "LimitMEMLOCK=infinity",
+        "-p", "NoNewPrivileges=yes", "-p", "CapabilityBoundingSet=", "-p", "SystemCallFilter=~@clock @mount",
+        "-p", "SystemCallFilter=~ptrace", "-p", "DeviceAllow=char-nvidia-uvm rw"]
+
+
+def test_the_golden_unit_keeps_every_hardening_line_for_the_canary():
+    text = next(p for p in sorted(UNIT.glob("*.service"))).read_text()
+    props = canary.run_properties(text)[1::2]
+    for want in ("ProtectSystem=strict", "NoNewPrivileges=yes", "DevicePolicy=closed", "LimitMEMLOCK=infinity",
+                 "PrivateTmp=yes", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK"):
+        assert want in props
+    assert not [p for p in props if p.split("=")[0] in canary.NOT_RUN_PROPERTIES]
+    assert not [p for p in props if p.startswith("LoadCredential")]
+
+
+STANDIN = ROOT / "deployer/sandbox/canary_rank.py"
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_the_standin_rank_speaks_the_real_ranks_lines(tmp_path, world):
+    """The real canary (orchestrator) over the stand-in rank: the same steps with the same keys as the H100 run."""
+    out = subprocess.run([sys.executable, str(ROOT / "roles/canary/files/gpu_canary.py"), "--world", str(world),
+                          "--timeout-s", "30", "--probe", "vllm_marlin_repack",
+                          f"--rank-program={sys.executable}", f"--rank-program={STANDIN}"],
+                         capture_output=True, text=True, timeout=60)
+    got = canary.read_report(out.stdout)
+    want = real("world1.txt")["ranks"][0]
+    for rk in got["ranks"]:
+        assert list(rk["steps"]) == list(want["steps"]) if rk["rank"] == 0 else \
+            [s for s in want["steps"] if s != "triton"]
+        for step, ev in rk["steps"].items():
+            assert set(ev) == set(want["steps"][step]), step
+        assert set(rk["probes"][0]) - {"skipped"} <= set(want["probes"][0]) | {"ok"}
+    v = canary.verdict(got, world)
+    assert v["refusal"] is None and "vllm_marlin_repack" in v["summary"], v
+
+
+def test_the_standins_failures_read_like_the_real_ones():
+    """The real failure lines (H100) and the stand-in's carry the same error text shapes."""
+    cuda_err = real("world2_nccl30.txt")["ranks"][1]["steps"]["cuda"]["error"]
+    store_err = real("world2_nccl30.txt")["ranks"][0]["steps"]["nccl"]["error"]
+    src = STANDIN.read_text()
+    assert cuda_err.startswith("torch.AcceleratorError: CUDA error: ") and 'CUDA_ERROR = "torch.AcceleratorError: ' \
+        'CUDA error: %s"' in src
+    import re
+    assert re.fullmatch(r"torch\.distributed\.DistStoreError: Timed out after \d+ seconds waiting for clients\. "
+                        r"\d+/\d+ clients joined\.", store_err)
+    assert '"torch.distributed.DistStoreError: Timed out after %d seconds waiting for clients. "' in src
+    assert json.loads(json.dumps(cuda_err))
+
+
+def test_a_rank_that_dies_before_the_all_reduce_stops_the_group_at_once(tmp_path):
+    """Not after NCCL's own timeout: the ranks that wait for a dead one are stopped when it ends."""
+    prog = tmp_path / "rank.py"
+    prog.write_text("import json, sys, time\nr = int(sys.argv[sys.argv.index('--rank') + 1])\n"
+                    "p = lambda s, ok=True: print(json.dumps({'rank': r, 'step': s, 'ok': ok}), flush=True)\n"
+                    "p('cuda', r == 0)\nif r: sys.stderr.write('Traceback ...\\nRuntimeError: boom\\n'); sys.exit(1)\n"
+                    "p('memory'); p('nccl_init'); time.sleep(60)\n")
+    import time
+    t = time.monotonic()
+    out = subprocess.run([sys.executable, str(ROOT / "roles/canary/files/gpu_canary.py"), "--world", "2",
+                          "--timeout-s", "50", f"--rank-program={sys.executable}", f"--rank-program={prog}"],
+                         capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t < 20
+    got = canary.read_report(out.stdout)
+    assert got["stopped_by"] == 1 and not got["timed_out"] and got["ranks"][0]["exit"] == -9
+    assert got["ranks"][1]["stderr"].endswith("RuntimeError: boom\n")
+    assert canary.verdict(got, 2)["refusal"].startswith("GPU 1: CUDA init failed")
