@@ -42,3 +42,46 @@ def p2p_risks(iommu: dict, env: dict) -> list[str]:
                    "against a start-up deadlock (options nvidia_uvm uvm_disable_hmm=1 in /etc/modprobe.d, then reload "
                    "the module)")
     return out
+
+
+# What compiles at run time, as each engine's own code finds it (the verify stage's probe reads it as the service
+# user in the unit's environment): Triton's C compiler and Python.h (triton/runtime/build.py), and for an engine that
+# declares ``jit_toolchain``, FlashInfer's nvcc (CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda), ninja (on PATH)
+# and C++ compiler (CXX, else c++) (flashinfer/jit/cpp_ext.py).
+JIT_ADVICE = {
+    "nvcc": "the CUDA toolkit (its nvcc), or CUDA_HOME in deployer_env_extra",
+    "ninja": "ninja on the unit's PATH (the venv's own, from the ninja wheel, is first there)",
+    "c++": "a C++ compiler (install g++, or set CXX in deployer_env_extra)",
+}
+
+
+def toolchain_refusal(tc: dict, engine: dict, user: str) -> str | None:
+    """The verify stage's refusal for a run-time toolchain the engine's kernels cannot be compiled with, None when
+    everything it needs is there.  ``tc``: the probe's report (cc, cc_found, include, python_h, path, python,
+    programs {name: {found, how}})."""
+    tc = tc or {}
+    parts = []
+    if not tc.get("cc_found"):
+        cc = tc.get("cc")
+        parts.append("C compiler: measured " + (f"CC={cc}, not found" if cc else
+                                                f"none (CC unset; no gcc or clang on {tc.get('path')})")
+                     + ", expected one (install gcc, or set CC in deployer_env_extra); ")
+    if not tc.get("python_h"):
+        parts.append(f"Python.h: measured none in {tc.get('include')}, expected it there (install the python3-dev "
+                     f"package of {tc.get('python')}); ")
+    triton = bool(parts)
+    programs = tc.get("programs") or {}
+    jit = []
+    for name in (engine or {}).get("jit_toolchain") or []:
+        got = programs.get(name) or {}
+        if not got.get("found"):
+            jit.append(f"{name}: measured none ({got.get('how') or 'not looked for'}), expected "
+                       f"{JIT_ADVICE.get(name, name)}; ")
+    if not parts and not jit:
+        return None
+    return (f"run-time toolchain, as the service user {user} in the unit's environment: " + "".join(parts)
+            + ("Triton compiles its kernels' launchers with them at run time (triton/runtime/build.py), after the "
+               "load. " if triton else "")
+            + "".join(jit)
+            + (f"{(engine or {}).get('label', 'the engine')}'s FlashInfer compiles its kernels at run time with them "
+               "(flashinfer/jit/cpp_ext.py), after the load." if jit else "")).strip()

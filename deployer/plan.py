@@ -53,6 +53,7 @@ from deployer import engines, serve, serve_sglang, versions
 from deployer.ansible_plugins.module_utils import formats
 
 SECRET_KEYS = ("api_key", "hf_token")
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"   # what a unit without PATH= gets (systemd.exec)
 # The unit and env-file templates are part of what names a release: a changed template is a new release (never the
 # same id with different files), and a release's recorded unit is the one it was verified with.  The log-line
 # wrapper the unit runs is named by its content (line_splitter_path), and that path is a release input too.
@@ -210,6 +211,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     sc = dirs["server_cache"]
     # every cache the engine writes lives in the service user's home, shared by releases (warm restarts)
     env = {"TRITON_CACHE_DIR": f"{sc}/triton", "HF_HOME": f"{sc}/huggingface", "XDG_CACHE_HOME": f"{sc}/xdg"}
+    if eng.jit_toolchain:   # the tools its JIT runs by name: the venv's first, then systemd's own default PATH
+        env["PATH"] = f"{venv}/bin:{SYSTEMD_PATH}"
     try:
         env.update(eng.env(s, sc))
     except engines.EngineError as e:

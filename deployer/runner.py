@@ -32,7 +32,7 @@ class Exit(IntEnum):
     FAILED = 1          # deploy failed after changes; rolled back (or --no-rollback)
     USAGE = 2           # bad input; nothing changed
     PREFLIGHT = 3       # a read-only check failed; nothing changed
-    VERIFY = 4          # vLLM's own checks refused the launch; nothing restarted
+    VERIFY = 4          # the engine's own checks, driver floor, toolchain or GPU canary refused; nothing restarted
     UNREACHABLE = 5     # SSH failed
     LOCKED = 6          # another deploy holds the host lock
     INTERRUPTED = 7     # SIGINT/SIGTERM/SIGHUP stopped the run (its playbook too); the next `up` finishes the job

@@ -33,8 +33,10 @@ apt_deps() {
   # openssh-*: real sshd on sandbox hosts and the controller's ssh; systemd-container: systemd-nspawn;
   # iproute2: network namespaces; cron: scheduled redeploys without systemd; curl: tests on hosts;
   # haproxy: the sandbox's balancer host (it shares this machine's file system) and the balancer tests;
-  # sudo: the sandbox's hosts that refuse root over SSH (`deployer sandbox start --sudo`)
-  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl util-linux haproxy sudo; do
+  # sudo: the sandbox's hosts that refuse root over SSH (`deployer sandbox start --sudo`); gcc, g++, python3-dev: the
+  # run-time toolchain the verify stage checks for (Triton's C compiler and Python.h; FlashInfer's c++ under SGLang),
+  # which the sandbox's hosts take from this machine's file system
+  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl util-linux haproxy sudo gcc g++ python3-dev; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

@@ -47,6 +47,9 @@ class Engine:
     # the release's own kernels it asks for (gpu_canary.py PROBES: the code a PTX-only build JIT-compiles at load)
     gpu_canary = True
     canary_probes: tuple = ()
+    # programs its kernels are compiled with at run time beyond Triton's C compiler (deployer/host_checks.py
+    # JIT_ADVICE); the venv's bin is then first on the unit's PATH, as in an activated venv (the tools are run by name)
+    jit_toolchain: tuple = ()
 
     # -- what the plan asks
     def version(self, s: dict) -> str:
@@ -114,7 +117,8 @@ class Engine:
                 "patchable": self.patchable, "capability_probe": self.capability_probe, "verifier": self.verifier,
                 "log_rules": self.log_rules, "drafts_metric": self.drafts_metric,
                 "health_timeout_seconds": self.health_timeout_seconds, "cuda_libraries": dict(self.cuda_libraries),
-                "gpu_canary": self.gpu_canary, "canary_probes": list(self.canary_probes)}
+                "gpu_canary": self.gpu_canary, "canary_probes": list(self.canary_probes),
+                "jit_toolchain": list(self.jit_toolchain)}
 
 
 REGISTRY: dict[str, Engine] = {}

@@ -63,6 +63,10 @@ class SGLang(Engine):
             drafts = str(int(argv_value(argv, "--speculative-num-steps") or 0) + 1)
         return True, max(0, int(drafts) - 1) if drafts.isdigit() else 0
 
+    # FlashInfer JIT-compiles its kernels on first use: CUDA_HOME's nvcc, `ninja` and `c++` run by name
+    # (flashinfer/jit/cpp_ext.py, 0.7.2); the ninja wheel puts ninja in the venv's bin
+    jit_toolchain = ("nvcc", "ninja", "c++")
+
     def env(self, s, server_cache):
         # FlashInfer's JIT and kernel caches (flashinfer-cubin pre-staged by the install stage: nothing is
         # downloaded at run time) and torch's compile cache, in the shared server cache

@@ -134,6 +134,12 @@ def _prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache
     bin_ = mk("usr/local/bin")
     shutil.copy(HERE / "nvidia_smi.py", bin_ / "nvidia-smi")
     os.chmod(bin_ / "nvidia-smi", 0o755)
+    # the CUDA toolkit's nvcc as FlashInfer's JIT finds it (on PATH): the verify stage's toolchain check for SGLang
+    # looks for it; it compiles nothing (SANDBOX: no GPU code is built or run here)
+    (bin_ / "nvcc").write_text("#!/bin/sh\n# SANDBOX ONLY: a CUDA toolkit's nvcc (deployer/sandbox/hosts.py)\n"
+                               "[ \"$1\" = --version ] && { echo 'Cuda compilation tools, release 13.0, V13.0.88'; "
+                               "exit 0; }\necho 'SANDBOX nvcc: compiles nothing' >&2; exit 1\n")
+    os.chmod(bin_ / "nvcc", 0o755)
     lib = mk("usr/local/lib/deployer-sandbox")
     shutil.copy(HERE / "standin.py", lib / "vllm_standin.py")
     shutil.copy(HERE / "sglang_standin.py", lib / "sglang_standin.py")   # plays SGLang (backend sglang)

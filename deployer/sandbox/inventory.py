@@ -81,7 +81,7 @@ def write_client_files(hosts: list[Host]) -> None:
         "deployer_api_key": "{{ lookup('ansible.builtin.file', '%s') }}" % (STATE / "api_key"),
         "deployer_writable_paths": ["-/run/deployer-standin"],
         # SANDBOX: the GPU canary's ranks play the simulated GPUs (the canary itself is the real one)
-        "canary_rank_program": ["/usr/bin/python3", CANARY_RANK_PATH],
+        "canary_rank_program": ["/usr/bin/python3", "-I", "-S", CANARY_RANK_PATH],
     }}}}}
     if lbs:   # SANDBOX: HAProxy from the controller's own package (the hosts share its file system)
         inv["all"]["children"]["balancer"] = {"hosts": lbs, "vars": {"deployer_sandbox": True}}

@@ -112,6 +112,9 @@ def test_02_vllm_sglang_vllm_by_up_and_rollback():
      "--attention-backend trtllm_mla: prefill crashes with 'Unsupported architecture' on sm_120", "preflight"),
     # an SGLang without Kimi-K2.5
     (["-e", "deployer_sglang_version=0.5.8"], "SGLang 0.5.8 has no Kimi-K2.5 model class", "preflight"),
+    # a CUDA_HOME without nvcc: FlashInfer's JIT would fail at SGLang's first kernel, after the load (issue 42)
+    (["-e", '{"deployer_env_extra": {"CUDA_HOME": "/opt/no-cuda"}}'],
+     "nvcc: measured none (CUDA_HOME=/opt/no-cuda: no /opt/no-cuda/bin/nvcc), expected the CUDA toolkit", "verify"),
 ])
 def test_03_refused_before_any_restart(args, said, stage):
     r = up(*FAST)

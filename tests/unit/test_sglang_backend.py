@@ -33,7 +33,9 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
                            "cuda_libraries": {"sgl_kernel/*.so": "sgl-kernel",
                                               "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"},
                            # the GPU canary before the restart: CUDA, NCCL and Triton (no SGLang kernel probe yet)
-                           "gpu_canary": True, "canary_probes": []}
+                           "gpu_canary": True, "canary_probes": [],
+                           # FlashInfer's JIT: the verify stage checks these for the service user
+                           "jit_toolchain": ["nvcc", "ninja", "c++"]}
     assert p["draft_tokens_per_step"] == 3      # --speculative-num-draft-tokens 4: the last accepted + 3 drafts
     assert p["venv"] == "/opt/deployer/venvs/sglang-0.5.23" and p["vllm_version"] is None
     assert p["patch_state"] == "absent"

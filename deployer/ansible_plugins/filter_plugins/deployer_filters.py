@@ -262,6 +262,7 @@ class FilterModule(object):
             "memory_plan": memory_plan,
             "missing_nvidia_nodes": host_checks.missing_nodes,
             "p2p_risks": host_checks.p2p_risks,
+            "toolchain_refusal": host_checks.toolchain_refusal,
             "driver_floor": driver_floor,
             "driver_refusal": driver_refusal,
             "canary_verdict": canary.judge,

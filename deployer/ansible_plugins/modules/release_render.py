@@ -83,6 +83,10 @@ is_live:
   description: Whether the unit systemd runs now is this release's unit, byte for byte.
   returned: always
   type: bool
+unit_text:
+  description: The release's unit file as rendered (I(unit) of I(files)), for what runs with its lines.
+  returned: always
+  type: str
 """
 
 import hashlib
@@ -169,7 +173,8 @@ def main():
             write_atomic(manifest, (json.dumps(p["manifest"], indent=4, sort_keys=True) + "\n").encode(), 0o644)
     live = read(p["live_unit_path"])
     is_live = live is not None and live == contents.get(p["unit"]) and (m.check_mode or read(unit_file) == live)
-    res = dict(changed=bool(written), written=written, is_live=is_live)
+    res = dict(changed=bool(written), written=written, is_live=is_live,
+               unit_text=contents.get(p["unit"], b"").decode("utf-8"))
     if diffs:
         res["diff"] = diffs
     m.exit_json(**res)
