@@ -14,7 +14,7 @@ venv, python        ``<root>/venvs/vllm-<version>-p<engine>`` when patched (one 
 patch_state         "present" (apply what this vLLM needs) or "absent" (also every SGLang plan)
 credentials         files systemd hands the service (LoadCredential=): {name: file in the live secrets dir};
                     SGLang's API key lives there (it has no environment variable for it, and argv is world-readable)
-secrets             the live secrets: {dir, env_file, sglang_file, dropin_path, dropin} (live_secrets); never part
+secrets             the live secrets: {dir, env_file, dropin_path, dropin} (live_secrets); never part
                     of a release (its id, its files): a rollback keeps the live ones
 service, unit_path  systemd unit name and path
 user                the unprivileged system user the server runs as (never root)
@@ -32,50 +32,31 @@ speculative         EAGLE-3 on or off
 draft_tokens_per_step  the drafts one verify step proposes (0 without EAGLE-3): the smoke's acceptance rate
 drafter             None, or {src, files, tree_sha256, bytes, store_dir, dir, staging_dir}: the controller's
                     manifest and the content-addressed place on the host
-argv                the full ``vllm serve`` argv, launcher first (built by deployer.serve, nowhere else)
+argv                the full ``vllm serve`` argv, launcher first (built by the engine's own argv module, nowhere else)
 env                 the non-secret environment of the server (secrets go only to the live 0600 secrets files)
 restart_delay_seconds  systemd RestartSec
 release_inputs      everything that names a release (hashed with the patch fingerprint into its id)
 dirs                root, releases, current, previous, drafters, bin, cache (root's: uv), server_cache (the
                     service user's home: torch.compile, Triton, Hugging Face and XDG caches, shared by releases)
+server_cache_dirs   the folders of server_cache the environment names (the engine's caches among them): made by
+                    the install stage, owned by the service user
 ==================  ==================================================================================
 """
 from __future__ import annotations
 
-import hashlib
 import ipaddress
-import json
 import re
-from pathlib import Path
 from typing import Any
 
-from deployer import engines, serve, serve_sglang, versions
-from deployer.ansible_plugins.module_utils import formats
+from deployer import engines, versions
+from deployer.ansible_plugins.module_utils import formats, spec_metrics
+from deployer.ansible_plugins.module_utils.engine_logs import RULESETS
+from deployer.engines.argv import ServeConfigError, systemd_exec_quote
+from deployer.identity import line_splitter_path, templates_hash
+from deployer.live_secrets import live_secrets
 
 SECRET_KEYS = ("api_key", "hf_token")
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"   # what a unit without PATH= gets (systemd.exec)
-# The unit and env-file templates are part of what names a release: a changed template is a new release (never the
-# same id with different files), and a release's recorded unit is the one it was verified with.  The log-line
-# wrapper the unit runs is named by its content (line_splitter_path), and that path is a release input too.
-_REPO = Path(__file__).resolve().parent.parent
-_TEMPLATES = [_REPO / "templates" / n for n in ("engine.service.j2", "engine.env.j2")]
-_LINE_SPLITTER = _REPO / "roles" / "render" / "files" / "journal_lines.py"
-
-
-def line_splitter_sha256() -> str:
-    return hashlib.sha256(_LINE_SPLITTER.read_bytes()).hexdigest()
-
-
-def line_splitter_path(bin_dir: str) -> str:
-    """Where the unit's log-line wrapper lives on the host: named by its content (root's bin/, readable by the
-    service user), so every release keeps running the exact wrapper it was rendered with."""
-    return f"{bin_dir}/journal_lines-{line_splitter_sha256()[:12]}.py"
-
-
-def templates_hash() -> str:
-    return hashlib.sha256(b"".join(p.read_bytes() for p in _TEMPLATES)).hexdigest()[:12]
-
-_PATCH_ENGINE = Path(__file__).parent / "ansible_plugins" / "module_utils" / "eagle3_patch.py"
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 # A unit name that is a plain file name in /etc/systemd/system and a plain shell word (systemd.unit(5) allows
 # more; the deployer needs no more).  A release like 0.16.0, 0.11.2.post1 or 0.20.0rc1: a path component too.
@@ -85,22 +66,6 @@ _DEVICE_RE = re.compile(r"^(char-[A-Za-z0-9_.-]+|/dev/[A-Za-z0-9_./-]+)( [rwm]{1
 
 class PlanError(ValueError):
     """Bad deploy input; the message names the setting, the value and what is expected."""
-
-
-def content_hash(value: Any, length: int = 12) -> str:
-    """Stable short hash of any JSON-able value (release ids, env hashes)."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:length]
-
-
-def patch_engine_id() -> str:
-    """The patch engine's identity: a hash of its code's tokens, its comments and blank lines left out.  Part of the
-    patched venv's name, so a changed patch engine never reuses a venv another one patched - and a comment edit does
-    not reinstall every patched host's ~10 GB venv (issue 43)."""
-    import io
-    import tokenize
-    toks = tokenize.generate_tokens(io.StringIO(_PATCH_ENGINE.read_text()).readline)
-    code = "\0".join(f"{t.type}:{t.string}" for t in toks if t.type not in (tokenize.COMMENT, tokenize.NL))
-    return hashlib.sha256(code.encode()).hexdigest()[:8]
 
 
 def is_loopback(host: str) -> bool:
@@ -144,11 +109,15 @@ def _need(s: dict, key: str) -> Any:
 def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     """``settings``: the ``deployer_*`` variables without the prefix (see roles/deployer/defaults)."""
     s = dict(settings)
-    backend = s.get("backend", "vllm")
+    backend = _need(s, "backend")
     try:
         eng = engines.get(backend)
     except engines.EngineError as e:
         raise PlanError(str(e)) from e
+    # what the host reads by the engine's keys: an unknown one would read its load and its drafts as nothing
+    if eng.log_rules not in RULESETS or eng.metrics_rules not in spec_metrics.RULES:
+        raise PlanError(f"engine {eng.name}: log_rules {eng.log_rules!r} (expected one of {sorted(RULESETS)}) and "
+                        f"metrics_rules {eng.metrics_rules!r} (expected one of {sorted(spec_metrics.RULES)})")
     root = str(_need(s, "root")).rstrip("/")
     if not re.fullmatch(r"/[A-Za-z0-9_./-]*", root) or ".." in root.split("/"):
         raise PlanError(f"root: got {root!r}, expected an absolute path of letters, digits and _ . / -")
@@ -204,8 +173,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         if why:
             raise PlanError(why)
         for word in argv:      # every word reaches the unit's ExecStart= line (formats.unit_word)
-            serve.systemd_exec_quote(word)
-    except serve.ServeConfigError as e:
+            systemd_exec_quote(word)
+    except ServeConfigError as e:
         raise PlanError(str(e)) from e
 
     sc = dirs["server_cache"]
@@ -250,6 +219,9 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
         "draft_tokens_per_step": eng.draft_tokens_per_step(s) if speculative else 0,
         "restart_delay_seconds": restart_delay, "dirs": dirs,
+        # the caches the environment points into the server cache: the install stage makes them, the user's own
+        "server_cache_dirs": sorted({v[len(sc) + 1:].split("/")[0] for v in env.values()
+                                     if v.startswith(sc + "/") and v[len(sc) + 1:]}),
         "secrets": live_secrets(dirs, service),
         "release_inputs": {"argv": argv, "engine": backend, "version": version,
                            "drafter": drafter["tree_sha256"] if drafter else None,
@@ -270,31 +242,6 @@ def with_devices(the_plan: dict, device_allow: list | None) -> dict:
                             "'/dev/<node> rw'")
     return dict(the_plan, unit=dict(the_plan["unit"], device_allow=devices),
                 release_inputs=dict(the_plan["release_inputs"], devices=devices))
-
-
-def common_spec(s: dict, venv: str, program: str) -> dict:
-    """The argv fields every engine takes from the same settings (serve.common_fields validates them)."""
-    launcher = s.get("launcher") or [f"{venv}/bin/{program}"]
-    return {"launcher": [a.replace("{python}", f"{venv}/bin/python") for a in launcher],
-            "model": s.get("model_dir"), "served_model_name": s.get("served_model_name"),
-            "host": s.get("host", "0.0.0.0"), "port": s.get("port"),
-            "tensor_parallel_size": s.get("tensor_parallel_size")}
-
-
-SECRETS_ENV_FILE = "server.env"
-
-
-def live_secrets(dirs: dict, service: str) -> dict:
-    """Where the live secrets are (docs/security.md, "Secrets"): one root-only directory, never a release.  The
-    unit drop-in hands them to whatever release runs, so a rollback restores code and flags, never old secrets
-    (a later EnvironmentFile= overrides an earlier one: a release rendered before secrets moved out of releases
-    runs with the live ones too)."""
-    d = dirs["secrets"]
-    env_file = f"{d}/{SECRETS_ENV_FILE}"
-    return {"dir": d, "env_file": env_file, "sglang_file": f"{d}/{serve_sglang.SECRETS_FILE}",
-            "dropin_path": f"/etc/systemd/system/{service}.service.d/deployer-secrets.conf",
-            "dropin": ("# Managed by deployer: the live secrets, for whatever release runs (docs/security.md).\n"
-                       f"[Service]\nEnvironmentFile={env_file}\n")}
 
 
 def release_plan(manifest: dict | None, settings: dict) -> dict:
@@ -329,87 +276,3 @@ def release_plan(manifest: dict | None, settings: dict) -> dict:
     }
 
 
-def secret_files(api_key: str, hf_token: str) -> dict:
-    """The contents of the live secret files (written 0600 by the start stage; never printed): the server's
-    environment (vLLM's key, the Hugging Face token) and SGLang's --config YAML with its key.  Both engines'
-    files are written whatever runs now, so that a rollback across engines finds its key."""
-    from deployer.ansible_plugins.module_utils import envfile
-    lines = ["# Managed by deployer.  Mode 0600: the live secrets (docs/security.md)."]
-    if api_key:
-        lines.append("VLLM_API_KEY=" + envfile.quote(api_key))
-    if hf_token:
-        lines.append("HF_TOKEN=" + envfile.quote(hf_token))
-    yaml_text = "# Managed by deployer.  Mode 0600: SGLang's API key (merged with --config).\n" + \
-        (f"api-key: {json.dumps(api_key)}\n" if api_key else "{}\n")
-    return {SECRETS_ENV_FILE: "\n".join(lines) + "\n", serve_sglang.SECRETS_FILE: yaml_text}
-
-
-def release_id(plan: dict, patch_fingerprint: str | None) -> str:
-    """A release is named by the hash of everything that defines it: an unchanged deploy renders the
-    same release, changes nothing and restarts nothing."""
-    return content_hash(dict(plan["release_inputs"], patch=patch_fingerprint))
-
-
-# ------------------------------------------------------------------ the no-op check (one round trip)
-def expected_release(the_plan: dict, state: dict) -> dict:
-    """From the plan and one ``deployer_state`` probe: the release the full deploy would render, with the
-    patch fingerprint and patches it would record, and what already differs (``reasons``)."""
-    probe = state.get("probe") or {}
-    venv = probe.get("venv") or {}
-    reasons = []
-    fp, patches = None, []
-    if not venv.get("installed"):
-        reasons.append(f"venv {the_plan['venv']} is not installed")
-    elif venv.get("state") == "error":
-        reasons.append(f"venv {the_plan['venv']}: {venv.get('error')}")
-    elif the_plan["patch_state"] == "present":
-        if venv.get("state") == "patched":
-            fp, patches = venv.get("fingerprint"), list(venv.get("patches") or [])
-        elif venv.get("state") != "native":
-            reasons.append(f"venv {the_plan['venv']}: EAGLE-3 patches not applied ({venv.get('state')})")
-    elif venv.get("state") not in ("unpatched", "native"):
-        reasons.append(f"venv {the_plan['venv']}: carries patches, the plan wants the pristine wheel")
-    return {"id": release_id(the_plan, fp), "fingerprint": fp, "patches": patches, "reasons": reasons}
-
-
-def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, env_sha256: str) -> dict:
-    """Pure: is the planned release already live and serving, exactly?  ``unit_sha256``/``env_sha256``: the
-    unit and env file the render stage would write, rendered on the controller.  Every check is on the
-    host's truth (files, systemd, /health), not on a record of an earlier run."""
-    probe = state.get("probe") or {}
-    unit = probe.get("unit") or {}
-    reasons = list(expected.get("reasons") or [])
-    if state.get("lock"):
-        reasons.append("a deploy lock is held")
-    if state.get("current") != expected["id"]:
-        reasons.append(f"live release {state.get('current')}, planned {expected['id']}")
-    if the_plan.get("drafter") and not probe.get("drafter_complete"):
-        reasons.append("the drafter is not in the store")
-    if the_plan.get("drafter") and probe.get("drafter_changed"):
-        reasons.append("the drafter changed on the host after it was shipped: " + ", ".join(probe["drafter_changed"]))
-    edited = [n for n in probe.get("live_edited") or []     # the unit and env file are compared with the plan below
-              if n not in ("vllm.env", f"{the_plan.get('service')}.service")]
-    if edited:
-        reasons.append("the live release's files were edited after they were rendered: " + ", ".join(edited))
-    if not unit_sha256 or {state.get("unit_sha256"), probe.get("live_unit_sha256")} != {unit_sha256}:
-        reasons.append("the unit systemd runs differs from the planned one")
-    if not env_sha256 or probe.get("live_env_sha256") != env_sha256:
-        reasons.append("the live environment file differs from the planned one")
-    live = the_plan.get("secrets") or {}
-    if live.get("dropin_path") and (probe.get("files_sha256") or {}).get(live["dropin_path"]) != \
-            hashlib.sha256(live["dropin"].encode()).hexdigest():
-        reasons.append(f"the unit drop-in {live['dropin_path']} (the live secrets) is missing or differs")
-    if probe.get("secrets_current") is False:
-        reasons.append("the live secrets differ from the ones given (rotated?): they are written and the server "
-                       "restarted")
-    wrapper = (the_plan.get("unit") or {}).get("line_splitter")
-    if wrapper and (probe.get("files_sha256") or {}).get(wrapper) != line_splitter_sha256():
-        reasons.append(f"the log-line wrapper {wrapper} is missing or differs from the planned one")
-    if (unit.get("ActiveState"), unit.get("SubState"), unit.get("NeedDaemonReload")) != ("active", "running", "no"):
-        reasons.append("the server is {}/{}{}".format(unit.get("ActiveState"), unit.get("SubState"),
-                                                     " (unit changed on disk)" if unit.get("NeedDaemonReload") == "yes"
-                                                     else ""))
-    if probe.get("health") != 200:
-        reasons.append(f"/health answered {probe.get('health')}")
-    return {"noop": not reasons, "release": expected["id"], "fingerprint": expected["fingerprint"],
-            "patches": expected["patches"], "reasons": reasons}

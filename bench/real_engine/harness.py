@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from deployer.serve import build_serve_argv  # noqa: E402
+from deployer.engines.vllm_argv import build_serve_argv  # noqa: E402
 
 PORT = 8000
 WRAPPER = REPO / "roles" / "render" / "files" / "journal_lines.py"

@@ -9,125 +9,15 @@ SkyPilot registers its load-balancing policies: ``@register`` on a subclass of `
 
 How to add an engine (docs/design.md, "Adding an engine"): a module here with an ``Engine`` subclass and
 ``@register`` (every module of this package is imported and registers itself); its argv builder (one place per
-engine, like ``deployer/serve.py``); its verifier ``roles/verify/files/<name>_verify.py``; its log rules in
+engine, like ``vllm_argv.py``); its verifier ``roles/verify/files/<name>_verify.py``; its log rules in
 ``module_utils/engine_logs.py`` (``RULESETS``) and a stand-in in ``deployer/sandbox/`` for the sandbox.  No role
 changes.
 """
 from __future__ import annotations
 
-from typing import Any
+from deployer.engines.base import REGISTRY, Engine, EngineError, argv_value, register
 
-
-class EngineError(ValueError):
-    """Bad deploy input for an engine; the message names the setting, the value and what is expected."""
-
-
-class Engine:
-    """The interface.  Class attributes describe the engine; methods take the operator's settings ``s`` (the
-    ``deployer_*`` variables without the prefix) and return what the plan needs."""
-
-    name = ""                  # the value of deployer_backend
-    label = ""                 # what messages call it
-    package = ""               # the PyPI package the install stage installs
-    program = ""               # the venv's console script that serves
-    version_setting = ""       # the setting that pins its release
-    extra_args_setting = ""    # the setting of free-form argv words
-    patchable = False          # the patch stage applies the EAGLE-3 patches (else it checks the source)
-    capability_probe = False   # the patch stage reads the installed source for what this deploy needs
-    verifier = ""              # roles/verify/files/<verifier>: the engine's own checks, GPU-less
-    log_rules = ""             # engine_logs.RULESETS key: the load phases as this engine logs them
-    drafts_metric = ""         # the /metrics counter of EAGLE-3 drafts (the smoke test's proof it is on)
-    unit_marker = ""           # a word only this engine's ExecStart has (to tell which engine a unit starts)
-    health_timeout_seconds = 2.0   # how long one GET /health may take before the watch counts it unanswered
-    memory_plan = False        # preflight plans its GPU memory from its argv (deployer/memory_plan.py: vLLM's rules)
-    # the venv's CUDA libraries that hold the model's kernels (globs under site-packages -> what they hold): the verify
-    # stage reads which carry only PTX for the host's GPUs, and so the driver they need (deployer/driver_floor.py)
-    cuda_libraries: dict = {}
-    # the GPU canary before the restart (roles/canary): whether this engine runs on NVIDIA GPUs at all, and which of
-    # the release's own kernels it asks for (gpu_canary.py PROBES: the code a PTX-only build JIT-compiles at load)
-    gpu_canary = True
-    canary_probes: tuple = ()
-    # programs its kernels are compiled with at run time beyond Triton's C compiler (deployer/host_checks.py
-    # JIT_ADVICE); the venv's bin is then first on the unit's PATH, as in an activated venv (the tools are run by name)
-    jit_toolchain: tuple = ()
-
-    # -- what the plan asks
-    def version(self, s: dict) -> str:
-        raise NotImplementedError
-
-    def venv(self, s: dict, root: str, version: str) -> tuple[str, bool]:
-        """(venv path, patched)"""
-        return f"{root}/venvs/{self.name}-{version}", False
-
-    def credentials(self, s: dict) -> dict:
-        """Files systemd hands the service (LoadCredential=): {name: file in the live secrets dir}."""
-        return {}
-
-    def argv(self, s: dict, venv: str, drafter: dict | None, credentials: dict) -> list[str]:
-        raise NotImplementedError
-
-    def env(self, s: dict, server_cache: str) -> dict:
-        """The engine's own (non-secret) environment; the caches in the shared server cache."""
-        return {}
-
-    def refusal(self, version: str, speculative: bool, drafter: dict | None, s: dict) -> str:
-        """Why this release cannot serve Kimi-K2.5 here, as far as its version tells ("" when it can)."""
-        return ""
-
-    def sm120_refusals(self, argv: list[str], compute_caps: list[str]) -> list[str]:
-        """What in the launch cannot run on these GPUs (compute capability 12.x: RTX PRO 6000 Blackwell)."""
-        return []
-
-    def draft_tokens_per_step(self, s: dict) -> int:
-        """The drafts one verify step proposes (the smoke test's acceptance rate is accepted / proposed)."""
-        return int(s.get("num_speculative_tokens", 3))
-
-    def speculative_of(self, argv: list[str]) -> tuple[bool, int]:
-        """(EAGLE-3 on, drafts per verify step) as a recorded release's argv says (a rollback target's plan:
-        ``plan.release_plan``); the inverse of what ``argv`` renders for ``speculative`` and
-        ``draft_tokens_per_step``."""
-        return False, 0
-
-    def aux_layers(self, drafter_cfg: dict, num_layers: int, version: str = "") -> tuple[list[int], str]:
-        """The target layers this release captures for an EAGLE-3 drafter, and where it took them from."""
-        return [2, num_layers // 2, num_layers - 3], "the target's default (2, L//2, L-3)"
-
-    def exported_elsewhere(self, drafter_cfg: dict, version: str = ""):
-        """Layer ids the drafter's config names where this release does not read them (a warning)."""
-        return None
-
-    def built_fc_inputs(self, drafter_cfg: dict, version: str = "") -> int | None:
-        """The fc input size this release builds for the drafter when it loads it (its weights must match), or
-        None when it takes the checkpoint's."""
-        return None
-
-    def loads_d2t_at_full_vocab(self, version: str = "") -> bool:
-        """Whether this release loads a drafter that ships ``d2t`` although its draft vocabulary is the target's
-        whole vocabulary (an identity map)."""
-        return True
-
-    def proposer_reads(self, target_cfg: dict, version: str = "") -> list[str]:
-        """Fields of the target's config this release's EAGLE proposer reads when it loads the drafter (after the
-        target's weights): each must be there, or the load dies at its end."""
-        return []
-
-    def describe(self, version: str) -> dict[str, Any]:
-        """What ``plan["engine"]`` holds (JSON): what the roles read."""
-        return {"name": self.name, "label": self.label, "package": self.package, "version": version,
-                "patchable": self.patchable, "capability_probe": self.capability_probe, "verifier": self.verifier,
-                "log_rules": self.log_rules, "drafts_metric": self.drafts_metric,
-                "health_timeout_seconds": self.health_timeout_seconds, "cuda_libraries": dict(self.cuda_libraries),
-                "gpu_canary": self.gpu_canary, "canary_probes": list(self.canary_probes),
-                "jit_toolchain": list(self.jit_toolchain)}
-
-
-REGISTRY: dict[str, Engine] = {}
-
-
-def register(cls):
-    """Class decorator: register an engine under its name (a later registration of the same name replaces it)."""
-    REGISTRY[cls.name] = cls()
-    return cls
+__all__ = ["REGISTRY", "Engine", "EngineError", "argv_value", "register", "get", "names", "describe", "engine_of_unit"]
 
 
 def get(name: str) -> Engine:
@@ -145,19 +35,6 @@ def names() -> list[str]:
 def describe(name: str) -> dict:
     """``plan.engine`` for a release recorded with only its engine's name (a rollback target's manifest)."""
     return get(name or "vllm").describe("")
-
-
-def argv_value(argv: list[str], *flags: str) -> str | None:
-    """The value of the last of ``flags`` in an argv (``--flag value`` or ``--flag=value``), None when absent."""
-    argv = [str(a) for a in (argv or [])]
-    got = None
-    for i, a in enumerate(argv):
-        for f in flags:
-            if a == f and i + 1 < len(argv):
-                got = argv[i + 1]
-            elif a.startswith(f + "="):
-                got = a.split("=", 1)[1]
-    return got
 
 
 def engine_of_unit(unit_text: str) -> str:

@@ -1,9 +1,12 @@
 """SGLang (``deployer_backend: sglang``): never patched; its installed source is checked instead.  Its argv is
-built in ``deployer/serve_sglang.py`` (nowhere else); its own checks are ``roles/verify/files/sglang_verify.py``."""
+built in ``sglang_argv.py`` (nowhere else); its own checks are ``roles/verify/files/sglang_verify.py``."""
 from __future__ import annotations
 
-from deployer import serve_sglang
-from deployer.engines import Engine, EngineError, argv_value, register
+import json
+
+from deployer.engines import sglang_argv
+from deployer.engines.argv import CREDENTIALS_TOKEN, common_spec
+from deployer.engines.base import Engine, EngineError, argv_value, register
 
 
 @register
@@ -12,27 +15,31 @@ class SGLang(Engine):
     version_setting, extra_args_setting = "sglang_version", "sglang_extra_args"
     capability_probe = True
     verifier = "sglang_verify.py"
-    log_rules = "sglang"
+    log_rules = metrics_rules = "sglang"
     drafts_metric = "sglang:spec_verify_calls_total"
     cuda_libraries = {"sgl_kernel/*.so": "sgl-kernel", "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"}
     unit_marker = "--model-path"
+    managed_flags = sglang_argv.MANAGED_FLAGS
     # once started, SGLang's /health runs a one-token generation and answers when the scheduler does: after at
     # least 1 s, at most SGLANG_HEALTH_CHECK_TIMEOUT (20 s) later with 503 (srt/entrypoints/http_server.py)
     health_timeout_seconds = 22.0
 
     def version(self, s):
         version = str(s.get("sglang_version") or "")
-        if not serve_sglang.parse_version(version):
+        if not sglang_argv.parse_version(version):
             raise EngineError(f"sglang_version: got {version!r}, expected a release like 0.5.23")
         return version
 
     def credentials(self, s):
         # SGLang has no environment variable for its API key and argv is world-readable: a YAML merged with --config
-        return {serve_sglang.SECRETS_FILE: serve_sglang.SECRETS_FILE} if s.get("api_key") else {}
+        return {sglang_argv.SECRETS_FILE: sglang_argv.SECRETS_FILE} if s.get("api_key") else {}
+
+    def secret_files(self, api_key):
+        head = "# Managed by deployer.  Mode 0600: SGLang's API key (merged with --config).\n"
+        return {sglang_argv.SECRETS_FILE: head + (f"api-key: {json.dumps(api_key)}\n" if api_key else "{}\n")}
 
     def argv(self, s, venv, drafter, credentials):
-        from deployer.plan import common_spec
-        return serve_sglang.build_sglang_argv({
+        return sglang_argv.build_sglang_argv({
             **common_spec(s, venv, self.program),
             "context_length": s.get("max_model_len") or None,
             "trust_remote_code": bool(s.get("trust_remote_code", True)),
@@ -46,13 +53,13 @@ class SGLang(Engine):
             "tool_call_parser": s.get("sglang_tool_call_parser", "kimi_k2"),
             "reasoning_parser": s.get("sglang_reasoning_parser", "kimi_k2"),
             "language_model_only": bool(s.get("sglang_language_model_only")),
-            "secrets_file": (f"{serve_sglang.CREDENTIALS_TOKEN}/{serve_sglang.SECRETS_FILE}" if credentials else ""),
+            "secrets_file": (f"{CREDENTIALS_TOKEN}/{sglang_argv.SECRETS_FILE}" if credentials else ""),
             "extra_args": s.get("sglang_extra_args") or [],
         })
 
     def draft_tokens_per_step(self, s):
         # SGLang verifies speculative_num_draft_tokens per step, the first of them the last accepted token
-        # (tokenizer_manager.py: proposed = verify steps x (num_draft_tokens - 1)); serve_sglang's default
+        # (tokenizer_manager.py: proposed = verify steps x (num_draft_tokens - 1)); sglang_argv's default
         return int(s.get("sglang_num_draft_tokens") or int(s.get("num_speculative_tokens", 3)) + 1) - 1
 
     def speculative_of(self, argv):
@@ -74,11 +81,11 @@ class SGLang(Engine):
                 "TORCHINDUCTOR_CACHE_DIR": f"{server_cache}/inductor"}
 
     def refusal(self, version, speculative, drafter, s):
-        return serve_sglang.version_refusal(version, speculative, str((drafter or {}).get("architecture") or ""),
+        return sglang_argv.version_refusal(version, speculative, str((drafter or {}).get("architecture") or ""),
                                             bool(s.get("sglang_language_model_only")))
 
     def sm120_refusals(self, argv, compute_caps):
-        return serve_sglang.sm120_refusals(argv, compute_caps)
+        return sglang_argv.sm120_refusals(argv, compute_caps)
 
     def aux_layers(self, drafter_cfg, num_layers, version=""):
         # spec_aux_hidden_state.py (0.5.23): eagle_config["eagle_aux_hidden_state_layer_ids"], nested only;

@@ -1,12 +1,15 @@
 """vLLM: the default engine (0.16.0 patched for EAGLE-3 on Kimi-K2.5, 0.18.0+ native).  Its argv is built in
-``deployer/serve.py`` (nowhere else); its own checks are ``roles/verify/files/vllm_verify.py``."""
+``vllm_argv.py`` (nowhere else); its own checks are ``roles/verify/files/vllm_verify.py``."""
 from __future__ import annotations
 
 import json
 import re
 
-from deployer import serve
-from deployer.engines import Engine, EngineError, argv_value, register
+from deployer import identity
+from deployer.engines import vllm_argv
+from deployer.engines.argv import common_spec
+from deployer.engines.base import Engine, EngineError, argv_value, register
+from deployer.engines.sglang_argv import parse_version
 
 _VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
 
@@ -17,10 +20,12 @@ class VLLM(Engine):
     version_setting, extra_args_setting = "vllm_version", "extra_args"
     patchable = True
     verifier = "vllm_verify.py"
-    log_rules = "vllm"
+    log_rules = metrics_rules = "vllm"
     drafts_metric = "vllm:spec_decode_num_drafts_total"
     memory_plan = True
     canary_probes = ("vllm_marlin_repack", "vllm_moe_topk")
+    api_key_env = "VLLM_API_KEY"
+    managed_flags, positional_dests = vllm_argv.MANAGED_FLAGS, ("model_tag",)
     cuda_libraries = {
         "vllm/_moe_C*.so": "fused MoE, Kimi's INT4 Marlin MoE among them",
         "vllm/_C*.so": "core kernels, gptq_marlin_repack of Kimi's INT4 experts among them",
@@ -35,14 +40,12 @@ class VLLM(Engine):
         return version
 
     def venv(self, s, root, version):
-        from deployer.plan import patch_engine_id
         patched = bool(s.get("patch_enabled", True))
-        return f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or patch_engine_id()}"
+        return f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or identity.patch_engine_id()}"
                                                  if patched else ""), patched
 
     def argv(self, s, venv, drafter, credentials):
-        from deployer.plan import common_spec
-        return serve.build_serve_argv({
+        return vllm_argv.build_serve_argv({
             **common_spec(s, venv, self.program),
             "gpu_memory_utilization": s.get("gpu_memory_utilization"),
             "max_model_len": s.get("max_model_len") or None,
@@ -79,7 +82,6 @@ class VLLM(Engine):
     @staticmethod
     def _at_least(version, minor):
         """Whether ``version`` (a release like 0.30.1; "" unknown: False) is ``minor`` (0, 30) or later."""
-        from deployer.serve_sglang import parse_version
         v = parse_version(version) if version else None
         return bool(v) and v[:2] >= minor
 

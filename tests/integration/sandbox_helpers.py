@@ -16,7 +16,7 @@ SVC = "deployer-engine"
 
 def venv(version="0.16.0", patched=True):
     """Where the deployer puts a vLLM venv on a host (one per version and patch engine: deployer/plan.py)."""
-    from deployer.plan import patch_engine_id
+    from deployer.identity import patch_engine_id
     return f"/opt/deployer/venvs/vllm-{version}" + (f"-p{patch_engine_id()}" if patched else "")
 
 

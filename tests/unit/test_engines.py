@@ -13,7 +13,7 @@ from deployer.plan import make_plan
 from helpers import ROOT
 
 # files that ARE an engine's own (its argv builder, patch engine, source probe, verifier, stand-in)
-ENGINE_OWN = {"deployer/serve.py", "deployer/serve_sglang.py", "deployer/ansible_plugins/module_utils/eagle3_patch.py",
+ENGINE_OWN = {"deployer/ansible_plugins/module_utils/eagle3_patch.py",
               "deployer/ansible_plugins/module_utils/sglang_source.py", "roles/verify/files/vllm_verify.py",
               "roles/verify/files/sglang_verify.py"}
 COMPARE = re.compile(r"""(?:==|!=)\s*['"](?:vllm|sglang)['"]|['"](?:vllm|sglang)['"]\s*(?:==|!=)|"""
@@ -42,6 +42,7 @@ def toy():
         name, label, package, program = "toy", "Toy", "toy-serve", "toy"
         version_setting, extra_args_setting = "toy_version", "toy_extra_args"
         verifier, log_rules, drafts_metric = "toy_verify.py", "vllm", "toy:drafts_total"
+        metrics_rules = "vllm"           # a vLLM fork: vLLM's metric names
 
         def version(self, s):
             return str(s["toy_version"])
@@ -73,6 +74,40 @@ def test_a_third_engine_renders_a_plan_an_argv_a_unit_and_log_rules_without_touc
     with pytest.raises(Exception, match=r"backend: got 'nope', expected one of "
                                         r"\['sglang', 'toy', 'vllm', 'vllm-cpu'\]"):
         make_plan(settings(backend="nope"), DRAFTER)
+
+
+def test_a_third_engine_falls_into_none_of_the_old_traps(toy, tmp_path, monkeypatch):
+    """Issue 43's silent traps, each where a third engine would have met it: the host's venv probe called every
+    venv not named sglang-* a vLLM to check for patches (so a no-op could never pass); the install stage made a hand
+    list of cache folders; the metrics reader knew two engines' names; an unknown rules key read as nothing."""
+    from deployer.ansible_plugins.module_utils import releases
+    from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_stats
+    p = make_plan(settings(backend="toy", toy_version="1.2.3"), DRAFTER)
+    venv = tmp_path / "toy-1.2.3"
+    venv.mkdir()
+    (venv / ".deployer-installed").write_text("1.2.3\n")
+    assert releases._venv_state(str(venv), p["engine"]["patchable"])["state"] == "native"
+    assert "toy" in p["server_cache_dirs"]                          # TOY_CACHE: made by the install stage
+    metrics = "toy:drafts_total 0\nvllm:spec_decode_num_drafts_total 4\nvllm:spec_decode_num_draft_tokens_total 12\n" \
+              "vllm:spec_decode_num_accepted_tokens_total 6\n"
+    got = spec_decode_stats(metrics, 3, p["engine"]["metrics_rules"])
+    assert got["present"] and got["acceptance_rate"] == 0.5
+    monkeypatch.setattr(type(toy), "metrics_rules", "toy-metrics")
+    with pytest.raises(Exception, match="engine toy: .*metrics_rules 'toy-metrics'"):
+        make_plan(settings(backend="toy", toy_version="1.2.3"), DRAFTER)
+    with pytest.raises(ValueError, match="metrics rules: got 'toy-metrics'"):
+        spec_decode_stats(metrics, 3, "toy-metrics")
+
+
+def test_the_verifiers_managed_destinations_come_from_the_engines_own_flags():
+    # what roles/verify/files/vllm_verify.py held as a hand copy before issue 43 (no test tied it to the argv builder)
+    assert engines.get("vllm").managed_dests() == sorted({
+        "model_tag", "model", "served_model_name", "host", "port", "tensor_parallel_size", "gpu_memory_utilization",
+        "max_model_len", "max_num_seqs", "trust_remote_code", "speculative_config", "api_key",
+        "safetensors_load_strategy", "model_loader_extra_config"})
+    assert engines.get("vllm-cpu").managed_dests() == engines.get("vllm").managed_dests()
+    for name in ("vllm_verify.py", "sglang_verify.py"):
+        assert "MANAGED_DESTS" not in (ROOT / "roles/verify/files" / name).read_text()
 
 
 def test_which_engine_a_unit_starts():

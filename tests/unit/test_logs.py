@@ -4,11 +4,10 @@ import pytest
 from deployer.ansible_plugins.module_utils.engine_logs import (
     LoadState,
     eta_seconds,
-    spec_decode_delta,
-    spec_decode_stats,
     split_lines,
     strip_prefix,
 )
+from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
 
 REAL = [
     "(Worker_TP0 pid=4242) INFO 05-14 03:15:01 [gpu_model_runner.py:3300] Starting to load model moonshotai/Kimi-K2.5...",

@@ -3,6 +3,7 @@ for the service (user, caches, venv per patch engine).  Each test names what it 
 import pytest
 from test_render_golden import settings
 
+from deployer import identity, noop
 from deployer import plan as planmod
 from deployer.plan import PlanError, make_plan
 
@@ -57,21 +58,21 @@ def test_unit_paths_with_metacharacters_refused(field, value):
 def test_patched_venv_is_named_by_the_patch_engine(monkeypatch):
     # guards: a changed patch engine gets a new venv; the live release's venv is never re-patched
     a = make_plan(settings(patch_engine_id=None), DRAFTER)
-    assert a["venv"] == f"/opt/deployer/venvs/vllm-0.16.0-p{planmod.patch_engine_id()}"
-    monkeypatch.setattr(planmod, "patch_engine_id", lambda: "deadbeef")
+    assert a["venv"] == f"/opt/deployer/venvs/vllm-0.16.0-p{identity.patch_engine_id()}"
+    monkeypatch.setattr(identity, "patch_engine_id", lambda: "deadbeef")
     b = make_plan(settings(patch_engine_id=None), DRAFTER)
     assert b["venv"].endswith("-pdeadbeef") and b["venv"] != a["venv"]
-    assert planmod.release_id(a, "fp") != planmod.release_id(b, "fp")     # argv names the venv
+    assert identity.release_id(a, "fp") != identity.release_id(b, "fp")     # argv names the venv
     assert make_plan(settings(patch_enabled=False), DRAFTER)["venv"] == "/opt/deployer/venvs/vllm-0.16.0"
 
 
 def test_the_log_line_wrapper_is_named_by_its_content_and_part_of_the_release():
     import hashlib
     on, off = make_plan(settings(), DRAFTER), make_plan(settings(log_line_splitter=False), DRAFTER)
-    sha = hashlib.sha256(planmod._LINE_SPLITTER.read_bytes()).hexdigest()
+    sha = hashlib.sha256(identity._LINE_SPLITTER.read_bytes()).hexdigest()
     assert on["unit"]["line_splitter"] == f"/opt/deployer/bin/journal_lines-{sha[:12]}.py"
     assert off["unit"]["line_splitter"] is None
-    assert planmod.release_id(on, "fp") != planmod.release_id(off, "fp")
+    assert identity.release_id(on, "fp") != identity.release_id(off, "fp")
     with pytest.raises(planmod.PlanError, match="log_line_splitter: got 'no', expected true or false"):
         make_plan(settings(log_line_splitter="no"), DRAFTER)
 
@@ -79,17 +80,17 @@ def test_the_log_line_wrapper_is_named_by_its_content_and_part_of_the_release():
 def test_patch_engine_id_follows_the_engine_source(tmp_path, monkeypatch):
     """The id names the patch engine's code, not its place (issue 24 item 9: this re-implemented the function): a
     copy elsewhere has the same id; changed code, another id (a patched venv of another engine is never reused)."""
-    ours = planmod.patch_engine_id()
+    ours = identity.patch_engine_id()
     assert len(ours) == 8 and int(ours, 16) >= 0
     copy = tmp_path / "eagle3_patch.py"
-    copy.write_bytes(planmod._PATCH_ENGINE.read_bytes())
-    monkeypatch.setattr(planmod, "_PATCH_ENGINE", copy)
-    assert planmod.patch_engine_id() == ours
+    copy.write_bytes(identity._PATCH_ENGINE.read_bytes())
+    monkeypatch.setattr(identity, "_PATCH_ENGINE", copy)
+    assert identity.patch_engine_id() == ours
     # a comment or a blank line is not what the engine does: the patched venvs keep their name (issue 43)
     copy.write_bytes(copy.read_bytes().replace(b"\nimport ", b"\n# a comment\n\nimport ", 1) + b"\n# one more line\n")
-    assert planmod.patch_engine_id() == ours
+    assert identity.patch_engine_id() == ours
     copy.write_bytes(copy.read_bytes() + b"\nX = 1\n")         # code: another engine, another venv
-    assert planmod.patch_engine_id() != ours
+    assert identity.patch_engine_id() != ours
 
 
 # ------------------------------------------------------------------ the no-op check
@@ -99,13 +100,13 @@ import hashlib  # noqa: E402
 def _live(**over):
     """A host where the planned release is live and healthy, as deployer_state's probe reports it."""
     p = make_plan(settings(), DRAFTER)
-    exp = planmod.expected_release(p, {"probe": {"venv": {"installed": True, "state": "patched",
+    exp = noop.expected_release(p, {"probe": {"venv": {"installed": True, "state": "patched",
                                                           "fingerprint": "fp1", "patches": ["P1"]}}})
     state = {"lock": None, "current": exp["id"], "unit_sha256": "u", "probe": {
         "venv": {"installed": True, "state": "patched", "fingerprint": "fp1", "patches": ["P1"]},
         "drafter_complete": True, "drafter_changed": [], "live_edited": [], "live_env_sha256": "e",
         "live_unit_sha256": "u", "health": 200,
-        "files_sha256": {p["unit"]["line_splitter"]: planmod.line_splitter_sha256(),
+        "files_sha256": {p["unit"]["line_splitter"]: identity.line_splitter_sha256(),
                          p["secrets"]["dropin_path"]: hashlib.sha256(p["secrets"]["dropin"].encode()).hexdigest()},
         "secrets_current": True,
         "unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "no"}}}
@@ -116,8 +117,8 @@ def _live(**over):
 
 def test_noop_when_everything_matches():
     p, st = _live()
-    exp = planmod.expected_release(p, st)
-    got = planmod.noop_check(exp, st, p, "u", "e")
+    exp = noop.expected_release(p, st)
+    got = noop.noop_check(exp, st, p, "u", "e")
     assert got["noop"] and got["reasons"] == [] and got["fingerprint"] == "fp1" and got["patches"] == ["P1"]
 
 
@@ -149,20 +150,20 @@ def test_noop_when_everything_matches():
 def test_anything_that_differs_runs_the_full_deploy(over, unit, env, reason):
     # guards: a no-op is decided on the host's truth; each difference is named
     p, st = _live(**over)
-    got = planmod.noop_check(planmod.expected_release(p, st), st, p, unit, env)
+    got = noop.noop_check(noop.expected_release(p, st), st, p, unit, env)
     assert not got["noop"] and any(reason in r for r in got["reasons"]), got["reasons"]
 
 
 def test_a_changed_patch_fingerprint_is_a_different_release():
     p, st = _live(venv={"installed": True, "state": "patched", "fingerprint": "fp2", "patches": ["P1"]})
-    got = planmod.noop_check(planmod.expected_release(p, st), st, p, "u", "e")
+    got = noop.noop_check(noop.expected_release(p, st), st, p, "u", "e")
     assert not got["noop"] and any("planned" in r for r in got["reasons"])
 
 
 def test_an_edited_env_file_or_unit_is_named_once_not_twice():
     """The unit and env file are compared with the plan; the release's own record must not name them again."""
     p, st = _live(live_edited=["vllm.env"])
-    got = planmod.noop_check(planmod.expected_release(p, st), st, p, "u", "e")
+    got = noop.noop_check(noop.expected_release(p, st), st, p, "u", "e")
     assert got["noop"] and got["reasons"] == []
 
 
@@ -218,7 +219,7 @@ def test_a_plan_bound_to_the_hosts_devices_is_the_plan_made_with_them(over):
     bound = planmod.with_devices(unbound, devices)
     direct = make_plan(settings(device_allow=devices, **over), DRAFTER)
     assert bound == direct
-    assert planmod.release_id(bound, "f") == planmod.release_id(direct, "f") != planmod.release_id(unbound, "f")
+    assert identity.release_id(bound, "f") == identity.release_id(direct, "f") != identity.release_id(unbound, "f")
     assert unbound["unit"]["device_allow"] == [] and unbound["release_inputs"]["devices"] == []   # not mutated
     with pytest.raises(PlanError, match="device_allow: got 'char-nvidia rw; rm'"):
         planmod.with_devices(unbound, ["char-nvidia rw; rm"])

@@ -11,7 +11,8 @@ from test_render_golden import settings
 from deployer import drafter_fit as fit
 from deployer.ansible_plugins.module_utils import formats
 from deployer.ansible_plugins.module_utils import releases as rel
-from deployer.plan import PlanError, make_plan, release_id
+from deployer.identity import release_id
+from deployer.plan import PlanError, make_plan
 from deployer.sandbox.checkpoints import drafter_config, drafter_tensors, kimi_config
 
 # Every control character docs/security.md names (C0, DEL, C1, U+2028/9), not a sample (F1: a control class cut
@@ -101,6 +102,10 @@ def _id(**over):
 # memory plan: the old defaults cannot hold one 131072-token request on the target), and the unit ordered after the
 # NVIDIA modules and nvidia-persistenced.
 GOLDEN_DEFAULT_ID = "fddc537f94a0"
+# the other engines' and releases' ids, pinned the same way (issue 43: the engine seam's cut changed none of them)
+GOLDEN_IDS = {"sglang": ({"backend": "sglang"}, "b470f0bfe083"),
+              "vllm 0.33.0 unpatched": ({"vllm_version": "0.33.0", "patch_enabled": False}, "561f1a5809e5"),
+              "sglang with an API key": ({"backend": "sglang", "api_key": "k"}, "247bd6ad3020")}
 
 
 @pytest.mark.parametrize("over", [
@@ -121,6 +126,12 @@ def test_a_changed_drafter_or_patch_changes_the_id():
 
 def test_the_default_release_id_is_pinned():
     assert _id() == GOLDEN_DEFAULT_ID, f"the default settings' release id is now {_id()}"
+
+
+@pytest.mark.parametrize("what", sorted(GOLDEN_IDS))
+def test_each_engines_release_id_is_pinned(what):
+    over, pinned = GOLDEN_IDS[what]
+    assert _id(**over) == pinned, f"{what}: the release id is now {_id(**over)}"
 
 
 # ------------------------------------------------------------------ the release store [R2, R5]

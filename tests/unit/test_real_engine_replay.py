@@ -62,7 +62,7 @@ def test_each_real_failure_is_named_by_its_root_cause_with_advice(run, kind, lin
 
 
 def test_the_spec_decode_counters_of_a_real_server():
-    from deployer.ansible_plugins.module_utils.engine_logs import spec_decode_delta, spec_decode_stats
+    from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
     api = replay(RUNS / "good_second")["api"]
     after = spec_decode_stats(api["metrics_after_five"]["body"])
     assert after["present"] and after["num_drafts"] > 0 and after["num_draft_tokens"] == 3 * after["num_drafts"]

@@ -72,7 +72,7 @@ def test_secrets_in_no_release_file_but_the_live_ones(tmp_path):
     # guards (issue 20, item 8): a release's files held its secrets, so a rollback put a revoked key back in
     # service; now no release file holds one, and the live files (start stage) hold them, quoted for their formats
     from deployer.ansible_plugins.module_utils import envfile
-    from deployer.plan import secret_files
+    from deployer.live_secrets import secret_files
     unit, env = render(tmp_path, deployer_api_key='k"e$y`1\\', deployer_hf_token="hf_abc")
     for text in (unit, env):
         assert "k\"e" not in text and "hf_abc" not in text and "VLLM_API_KEY" not in text and "HF_TOKEN" not in text
@@ -87,7 +87,8 @@ def test_secrets_in_no_release_file_but_the_live_ones(tmp_path):
 
 
 def test_a_release_id_does_not_depend_on_its_secrets():
-    from deployer.plan import make_plan, release_id
+    from deployer.identity import release_id
+    from deployer.plan import make_plan
     drafter = {"src": "/d", "files": [], "tree_sha256": "ab" * 32, "bytes": 0}
     a = make_plan(settings(api_key="old", hf_token="t1", allow_unauthenticated=False), drafter)
     b = make_plan(settings(api_key="rotated", hf_token="t2", allow_unauthenticated=False), drafter)

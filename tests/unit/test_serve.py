@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from deployer.serve import ServeConfigError, build_serve_argv, exec_start, systemd_env_quote, systemd_exec_quote
+from deployer.engines.argv import ServeConfigError, exec_start, systemd_env_quote, systemd_exec_quote
+from deployer.engines.vllm_argv import build_serve_argv
 
 BASE = dict(launcher=["/opt/deployer/venvs/vllm-0.16.0/bin/vllm"], model="/srv/models/Kimi-K2.5",
             served_model_name="kimi-k2.5", host="0.0.0.0", port=8000, tensor_parallel_size=8,

@@ -1,15 +1,21 @@
 """The SGLang backend's pure parts: its plan and argv, the refusals the deployer encodes (versions, sm_120,
 owned flags), its log phases and metrics, and the source capability check on fabricated SGLang trees."""
 import pytest
+from test_render_golden import settings
 
-from deployer import plan, serve, serve_sglang
+from deployer import identity, plan
 from deployer.ansible_plugins.filter_plugins.deployer_filters import parse_gpu_csv, sm120_refusals
 from deployer.ansible_plugins.module_utils import releases, sglang_source
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState, spec_decode_delta, spec_decode_stats
+from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
+from deployer.engines import argv as serve
+from deployer.engines import sglang_argv as serve_sglang
 
-BASE = dict(root="/opt/deployer", vllm_version="0.16.0", sglang_version="0.5.23", service_name="deployer-engine",
-            port=8000, model_dir="/srv/models/Kimi-K2.5", served_model_name="kimi-k2.5", tensor_parallel_size=8,
-            gpu_memory_utilization=0.9, max_model_len=131072, api_key="k3y", patch_engine_id="abcd1234")
+# the settings' defaults (roles/deployer/defaults/main.yml), these few set
+BASE = settings(root="/opt/deployer", vllm_version="0.16.0", sglang_version="0.5.23", service_name="deployer-engine",
+                port=8000, model_dir="/srv/models/Kimi-K2.5", served_model_name="kimi-k2.5", tensor_parallel_size=8,
+                gpu_memory_utilization=0.9, max_model_len=131072, api_key="k3y", patch_engine_id="abcd1234",
+                extra_args=[], device_allow=[], env_extra={})
 MANIFEST = {"tree_sha256": "ab" * 32, "files": [], "bytes": 1, "architecture": "LlamaForCausalLMEagle3"}
 
 
@@ -27,6 +33,7 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
                            # what the roles read instead of comparing engine names (deployer/engines)
                            "patchable": False, "capability_probe": True, "verifier": "sglang_verify.py",
                            "log_rules": "sglang", "drafts_metric": "sglang:spec_verify_calls_total",
+                           "metrics_rules": "sglang",
                            # its /health generates a token once up (up to 20 s): the watch waits that long
                            "health_timeout_seconds": 22.0,
                            # where its kernels are: the verify stage reads the driver they need
@@ -35,7 +42,16 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
                            # the GPU canary before the restart: CUDA, NCCL and Triton (no SGLang kernel probe yet)
                            "gpu_canary": True, "canary_probes": [],
                            # FlashInfer's JIT: the verify stage checks these for the service user
-                           "jit_toolchain": ["nvcc", "ninja", "c++"]}
+                           "jit_toolchain": ["nvcc", "ninja", "c++"],
+                           # what its verifier holds extra words to: SGLang's ServerArgs fields of its own flags
+                           "managed_dests": ["api_key", "attention_backend", "context_length", "device",
+                                             "enable_metrics", "host", "kv_cache_dtype", "language_model_only",
+                                             "mem_fraction_static", "model", "model_path", "port", "reasoning_parser",
+                                             "served_model_name", "speculative_algorithm",
+                                             "speculative_draft_attention_backend", "speculative_draft_model_path",
+                                             "speculative_eagle_topk", "speculative_num_draft_tokens",
+                                             "speculative_num_steps", "tensor_parallel_size", "tool_call_parser", "tp",
+                                             "tp_size", "trust_remote_code"]}
     assert p["draft_tokens_per_step"] == 3      # --speculative-num-draft-tokens 4: the last accepted + 3 drafts
     assert p["venv"] == "/opt/deployer/venvs/sglang-0.5.23" and p["vllm_version"] is None
     assert p["patch_state"] == "absent"
@@ -60,7 +76,7 @@ def test_no_api_key_means_no_secret_file_and_loopback_only():
 
 def test_the_same_settings_on_another_engine_are_another_release():
     v = plan.make_plan(dict(BASE), dict(MANIFEST))
-    assert plan.release_id(v, "fp") != plan.release_id(sg(), None)
+    assert identity.release_id(v, "fp") != identity.release_id(sg(), None)
     assert v["engine"]["name"] == "vllm" and v["venv"].startswith("/opt/deployer/venvs/vllm-0.16.0-p")
 
 
@@ -321,7 +337,7 @@ def test_sglang_venvs_are_native_and_their_key_is_read_back(tmp_path):
     v = tmp_path / "venvs" / "sglang-0.5.23"
     v.mkdir(parents=True)
     (v / ".deployer-installed").write_text("0.5.23\n")
-    assert releases._venv_state(str(v))["state"] == "native"
+    assert releases._venv_state(str(v), patchable=False)["state"] == "native"     # the engine's word, not the name
     (tmp_path / "sglang-secrets.yaml").write_text('# comment\napi-key: "k\\"ey"\n')
     assert releases._sglang_api_key(str(tmp_path)) == 'k"ey'
     assert releases._sglang_api_key(str(tmp_path / "none")) == ""

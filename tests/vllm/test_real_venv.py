@@ -5,9 +5,10 @@ import subprocess
 
 import pytest
 
+from deployer import engines
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+from deployer.engines.vllm_argv import build_serve_argv
 from deployer.sandbox.checkpoints import write_drafter_dir, write_model_dir
-from deployer.serve import build_serve_argv
 from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm
@@ -55,6 +56,7 @@ def prepare(tmp_path, platform="cpu", drafter_config=None, config_only=False, ra
     argv += list(raw_extra)    # words the controller's own guard never saw (what the engine's parser must catch)
     n_extra = len(load.get("extra_args") or []) + len(raw_extra)
     extra += ["--extra-args", str(n_extra)] if n_extra else []
+    extra += [f"--managed-dest={d}" for d in engines.get("vllm").managed_dests()]     # as the verify role passes
     extra += [f"--compute-cap={c}" for c in compute_caps] + (["--skip-config"] if skip_config else [])
     (tmp_path / "argv.json").write_text(json.dumps(argv))
     return ["--argv-json", str(tmp_path / "argv.json"), "--platform", platform, *extra]

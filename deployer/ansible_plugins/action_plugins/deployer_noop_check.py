@@ -6,7 +6,7 @@ the host measured, renders the unit and env file here exactly as the render stag
 nothing to do it also records the run: the play's result (``result_from``, set as a fact) and its audit line
 (``audit_line_from``, appended on the host by one shell command over the same connection).  Six tasks per host were
 one worker fork each; on a 2-core controller with 8 hosts those forks were most of the no-op's time
-(docs/benchmarks.md).  The logic is the deployer package's (deployer/plan.py, the filters' own functions): this file
+(docs/benchmarks.md).  The logic is the deployer package's (deployer/noop.py, the filters' own functions): this file
 only wires it.  Documented in modules/deployer_noop_check.py (ansible-core's layout for an action-backed module).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ansible.plugins.action import ActionBase  # noqa: E402
 from ansible.plugins.loader import lookup_loader  # noqa: E402
 from ansible.template import trust_as_template  # noqa: E402
 
-from deployer import plan  # noqa: E402
+from deployer import noop  # noqa: E402
 from deployer.ansible_plugins.filter_plugins import deployer_filters as filters  # noqa: E402
 from deployer.ansible_plugins.modules import deployer_noop_check as doc  # noqa: E402
 
@@ -73,7 +73,7 @@ class ActionModule(ActionBase):
         state = self._execute_module(
             module_name="deployer_state", task_vars=task_vars,
             module_args={"root": args["root"], "service": args["service"], "secrets": args.get("secrets"),
-                         "probe": {"venv": the_plan["venv"],
+                         "probe": {"venv": the_plan["venv"], "patchable": the_plan["engine"]["patchable"],
                                    "drafter_dir": (the_plan.get("drafter") or {}).get("dir") or "",
                                    "port": the_plan["port"], "host": the_plan["probe_host"],
                                    "files": [(the_plan["unit"].get("line_splitter") or ""),
@@ -86,10 +86,10 @@ class ActionModule(ActionBase):
                                                   args.get("device_allow_extra")), False)
         if bound is None:
             return result
-        expected = plan.expected_release(bound, state)
+        expected = noop.expected_release(bound, state)
         unit_sha, env_sha = (hashlib.sha256(self._render(name, task_vars, bound, expected).encode()).hexdigest()
                              for name in TEMPLATES)
-        result.update(plan.noop_check(expected, state, bound, unit_sha, env_sha))
+        result.update(noop.noop_check(expected, state, bound, unit_sha, env_sha))
         if result["noop"]:
             # said as a debug task says it: the CLI prints the msg (deployer/output.py), plain ansible-playbook the
             # result (_ansible_verbose_always, as ansible.builtin.debug sets it); the plan is no longer needed (the

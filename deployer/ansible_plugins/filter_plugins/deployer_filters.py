@@ -24,12 +24,14 @@ from deployer import (  # noqa: E402
     drafter,
     engines,
     host_checks,
+    identity,
+    live_secrets,
     plan,
-    serve,
     settings_check,
     versions,
 )
-from deployer.ansible_plugins.module_utils import engine_logs, formats  # noqa: E402
+from deployer.ansible_plugins.module_utils import formats, spec_metrics  # noqa: E402
+from deployer.engines import argv  # noqa: E402
 
 
 def parse_gpu_csv(text):
@@ -230,7 +232,7 @@ def haproxy_word(value, what="HAProxy config word"):
 
 
 def release_id(the_plan, patch_fingerprint=None):
-    return plan.release_id(the_plan, patch_fingerprint)
+    return identity.release_id(the_plan, patch_fingerprint)
 
 
 def drafter_manifest(src_dir, strict=True):
@@ -254,9 +256,9 @@ class FilterModule(object):
             "lock_stale": lock_stale,
             "unknown_settings": settings_check.unknown,
             "nvidia_device_allow": nvidia_device_allow,
-            "systemd_exec_start": serve.exec_start,
+            "systemd_exec_start": argv.exec_start,
             "sm120_refusals": sm120_refusals,
-            "systemd_env_quote": serve.systemd_env_quote,
+            "systemd_env_quote": argv.systemd_env_quote,
             "haproxy_word": haproxy_word,
             "drafter_fit": drafter_fit,
             "memory_plan": memory_plan,
@@ -269,12 +271,12 @@ class FilterModule(object):
             "unit_run_properties": canary.run_properties,
             "deployer_engine": engines.describe,
             "engine_of_unit": engines.engine_of_unit,
-            "deployer_secret_files": plan.secret_files,
+            "deployer_secret_files": live_secrets.secret_files,
             "deployer_release_plan": release_plan,
             "parse_gpu_csv": parse_gpu_csv,
             "version_tuple": version_tuple,
             "disk_shortfalls": disk_shortfalls,
             "drafter_manifest": drafter_manifest,
-            "spec_decode_stats": engine_logs.spec_decode_stats,
-            "spec_decode_delta": engine_logs.spec_decode_delta,
+            "spec_decode_stats": spec_metrics.spec_decode_stats,
+            "spec_decode_delta": spec_metrics.spec_decode_delta,
         }

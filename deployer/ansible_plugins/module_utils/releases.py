@@ -331,14 +331,15 @@ def _gpu_memory_used_mib():
     return [int(x.strip()) for x in out.splitlines() if x.strip().isdigit()]
 
 
-def _venv_state(venv):
+def _venv_state(venv, patchable=True):
     """Is the venv complete, and what does its vLLM carry (patch engine status: hashes the patched files,
-    so a hand-edited file shows as drift, never as "patched")."""
+    so a hand-edited file shows as drift, never as "patched").  ``patchable`` false: the plan's engine is never
+    patched (its description says so: deployer/engines), so its venv is native as installed."""
     out = {"path": venv, "installed": os.path.exists(os.path.join(venv, ".deployer-installed"))}
     if not out["installed"]:
         return out
-    if os.path.basename(venv.rstrip("/")).startswith("sglang-"):
-        out.update(state="native", fingerprint=None, patches=[])   # SGLang venvs are never patched
+    if not patchable:
+        out.update(state="native", fingerprint=None, patches=[])
         return out
     try:
         from ansible.module_utils import eagle3_patch as pe
@@ -352,7 +353,7 @@ def _venv_state(venv):
     return out
 
 
-def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="127.0.0.1"):
+def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="127.0.0.1", patchable=True):
     """What a no-op ``up`` must know, in the same round trip: the venv the plan names (installed? patch
     state and fingerprint), the drafter (complete?), the live release's env file and unit checksums, the
     checksums of other ``files`` the live unit runs (the log-line wrapper), the NVIDIA device classes (part of
@@ -363,7 +364,7 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="
     if live:
         extra = {"metrics": _http_get(port, "/metrics", host=host)[1], "gpu_memory_used_mib": _gpu_memory_used_mib(),
                  "last_fatal": _last_fatal(service)}
-    return dict(extra, **{"venv": _venv_state(venv) if venv else None,
+    return dict(extra, **{"venv": _venv_state(venv, patchable) if venv else None,
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
             "drafter_changed": drafter_changed(drafter_dir) if drafter_dir else [],
             "live_edited": edited_files(cur),
@@ -407,7 +408,7 @@ def secrets_current(root, wanted):
 
 
 def is_release_id(name):
-    """A release id as ``deployer.plan.release_id`` makes them (12 hex digits), or any plain name of letters,
+    """A release id as ``deployer.identity.release_id`` makes them (12 hex digits), or any plain name of letters,
     digits, ``-`` and ``_``: never a path."""
     import re
     return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", str(name)))

@@ -37,7 +37,8 @@ options:
   probe:
     description:
       - Also return what a no-op deploy must check (returned as C(probe)), for this venv, drafter directory
-        and port (keys C(venv), C(drafter_dir), C(port), C(host) - the address to ask); key C(files), a list
+        and port (keys C(venv), C(drafter_dir), C(port), C(host) - the address to ask; C(patchable) false says
+        the engine is never patched, its venv is C(native) without a look); key C(files), a list
         of paths, adds their sha256 (C(files_sha256), null for a missing file); with key C(live) true also the server's
         C(metrics) text and C(gpu_memory_used_mib).
     type: dict
@@ -132,7 +133,7 @@ def main():
         host = probe_host_of((out.get("live") or {}).get("argv")) if live and out.get("live") else \
             (q.get("host") or "127.0.0.1")
         out["probe"] = probe(p["root"], p["service"], q.get("venv"), q.get("drafter_dir"), port, live,
-                             [f for f in q.get("files") or [] if f], host)
+                             [f for f in q.get("files") or [] if f], host, q.get("patchable", True) is not False)
         if p["secrets"] is not None:
             out["probe"]["secrets_current"] = secrets_current(p["root"], p["secrets"])
     m.exit_json(changed=False, **out)

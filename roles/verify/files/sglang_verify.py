@@ -27,12 +27,6 @@ STARTED = time.time()   # the report's seconds: the whole run, engine import inc
 CREDENTIALS_TOKEN = "{credentials}"
 
 
-# ServerArgs fields of the flags the deployer sets itself (deployer/serve_sglang.py MANAGED_FLAGS)
-MANAGED_DESTS = {"model_path", "served_model_name", "host", "port", "tp_size", "trust_remote_code",
-                 "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-                 "speculative_eagle_topk", "speculative_num_draft_tokens", "attention_backend",
-                 "speculative_draft_attention_backend", "kv_cache_dtype", "mem_fraction_static", "context_length",
-                 "tool_call_parser", "reasoning_parser", "api_key", "enable_metrics", "device"}
 
 
 def ran_as():
@@ -51,6 +45,9 @@ def main():
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
     ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu", help="accepted for the role's sake; "
                     "SGLang resolves with the device forced to cuda")
+    ap.add_argument("--managed-dest", action="append", default=[], dest="managed_dests",
+                    help="a parser destination the deployer sets from its own settings (the engine's managed_dests, "
+                         "deployer/engines: repeated; extra words may change none)")
     ap.add_argument("--extra-args", type=int, default=0,
                     help="how many words at the argv's end are the operator's extra_args: SGLang's own parser must "
                     "not see them set any flag the deployer manages, whatever the spelling")
@@ -59,8 +56,10 @@ def main():
     ap.add_argument("--engine-cache", help="accepted for the role's sake: SGLang's checks keep nothing between runs "
                     "(vllm_verify.py keeps vLLM's model-registry answers)")
     ap.add_argument("--compute-cap", action="append", default=[], help="accepted for the role's sake: SGLang's "
-                    "attention backends on sm_120 are refused by the deployer's own preflight (serve_sglang.py)")
+                    "attention backends on sm_120 are refused by the preflight (engines/sglang_argv.py)")
     a = ap.parse_args()
+    if a.extra_args and not a.managed_dests:
+        ap.error("--extra-args without --managed-dest: nothing to hold the extra words to")
     with open(a.argv_json) as f:
         argv = json.load(f)
     serve_argv = argv[argv.index("serve") + 1:]
@@ -132,7 +131,7 @@ def main():
         # the deployer sets from its own variables
         base = vars(prepare_server_args(list(serve_argv[:-a.extra_args])))
         full = vars(state["args"])
-        changed = sorted(d for d in MANAGED_DESTS if d in base and base.get(d) != full.get(d))
+        changed = sorted(d for d in set(a.managed_dests) if d in base and base.get(d) != full.get(d))
         if changed:
             raise RuntimeError("sglang_extra_args %s set %s, which the deployer manages (set its own variable)"
                                % (serve_argv[-a.extra_args:], ", ".join(changed)))

@@ -29,10 +29,6 @@ import time
 import traceback
 
 STARTED = time.time()   # the report's seconds: the whole run, engine import included
-# The parser destinations of the flags the deployer sets itself (deployer/serve.py MANAGED_FLAGS)
-MANAGED_DESTS = {"model_tag", "model", "served_model_name", "host", "port", "tensor_parallel_size",
-                 "gpu_memory_utilization", "max_model_len", "max_num_seqs", "trust_remote_code", "speculative_config", "api_key",
-                 "safetensors_load_strategy", "model_loader_extra_config"}
 
 
 def ran_as():
@@ -133,6 +129,9 @@ def main():
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
     ap.add_argument("--skip-config", action="store_true")
     ap.add_argument("--platform", choices=["cpu", "auto"], default="cpu")
+    ap.add_argument("--managed-dest", action="append", default=[], dest="managed_dests",
+                    help="a parser destination the deployer sets from its own settings (the engine's managed_dests, "
+                         "deployer/engines: repeated; extra words may change none)")
     ap.add_argument("--extra-args", type=int, default=0,
                     help="how many words at the argv's end are the operator's extra_args: vLLM's own parser must "
                     "not see them set any flag the deployer manages, whatever the spelling")
@@ -143,6 +142,8 @@ def main():
                     help="a compute capability of the host's GPUs (nvidia-smi: 12.0); an attention backend the "
                     "launch names is asked whether it runs there (repeatable)")
     a = ap.parse_args()
+    if a.extra_args and not a.managed_dests:
+        ap.error("--extra-args without --managed-dest: nothing to hold the extra words to")
     with open(a.argv_json) as f:
         argv = json.load(f)
     serve_at = argv.index("serve")
@@ -240,12 +241,13 @@ def main():
             if base.get("model_tag"):
                 base["model"] = base["model_tag"]      # as parse() does for the full argv
             full = vars(holder["args"])
-            changed = sorted(d for d in MANAGED_DESTS if d in base and base.get(d) != full.get(d))
+            changed = sorted(d for d in set(a.managed_dests) if d in base and base.get(d) != full.get(d))
             if changed:
                 raise RuntimeError("extra_args %s set %s, which the deployer manages (set its own variable): %s"
                                    % (serve_argv[-a.extra_args:], ", ".join(changed),
                                       "; ".join("%s: %r -> %r" % (d, base.get(d), full.get(d)) for d in changed)))
-            return {"extra_args": serve_argv[-a.extra_args:], "managed_unchanged": sorted(MANAGED_DESTS & set(base))}
+            return {"extra_args": serve_argv[-a.extra_args:],
+                    "managed_unchanged": sorted(set(a.managed_dests) & set(base))}
         check("managed_flags", managed_flags)
 
     if parsed and not a.skip_config:

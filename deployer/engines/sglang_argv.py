@@ -1,6 +1,6 @@
-"""The ``sglang serve`` command line: built here and nowhere else (the SGLang backend's twin of serve.py).
+"""The ``sglang serve`` command line: built here and nowhere else (the SGLang engine's twin of vllm_argv.py).
 
-Pure functions.  ``deployer.plan.make_plan`` calls ``build_sglang_argv`` for ``backend: sglang``.  Flag names
+Pure functions.  The SGLang engine (``engines/sglang.py``) calls ``build_sglang_argv`` for the plan.  Flag names
 are SGLang's (``ServerArgs.add_cli_args``, sglang/srt/server_args.py and srt/arg_groups/fields/); the verify stage
 runs SGLang's own parser and server-args resolution on the result before any restart (roles/verify).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from deployer.serve import CREDENTIALS_TOKEN, ServeConfigError, check_extra_args, common_fields
+from deployer.engines.argv import CREDENTIALS_TOKEN, ServeConfigError, check_extra_args, common_fields
 
 # The API key is never on the command line (the process list is world-readable): SGLang has no environment
 # variable for it, so it goes in a YAML file SGLang merges with ``--config`` (srt/utils/server_args_config_parser.py),
