@@ -141,13 +141,13 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     if not _SERVICE_RE.fullmatch(service):
         raise PlanError(f"service_name: got {service!r}, expected a unit name without .service: a letter or digit "
                         "then up to 63 of [A-Za-z0-9_-] (it becomes a file name and a shell word)")
-    speculative = bool(s.get("speculative_enabled", True))
+    speculative = bool(_need(s, "speculative_enabled"))
     dirs = deploy_dirs(root)
-    user = str(s.get("service_user") or "vllm")
+    user = str(_need(s, "service_user"))
     if not _USER_RE.fullmatch(user) or user == "root":
         raise PlanError(f"service_user: got {user!r}, expected a system user name other than root "
                         "([a-z_][a-z0-9_-]*, at most 31 characters)")
-    bind = str(s.get("host", "0.0.0.0"))
+    bind = str(_need(s, "host"))
     api_protected = bool(s.get("api_key")) or is_loopback(bind)
     if not api_protected and not s.get("allow_unauthenticated"):
         raise PlanError(f"host: got {bind!r} with no API key: the API would be open to the network. Set "
@@ -196,8 +196,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
             raise PlanError(f"environment: {k}={str(v)!r} contains the control character {bad}; an env file line "
                             "ends there")
         env[k] = str(v)
-    restart_delay = int(s.get("restart_delay_seconds", 30))
-    line_splitter = s.get("log_line_splitter", True)
+    restart_delay = int(_need(s, "restart_delay_seconds"))
+    line_splitter = _need(s, "log_line_splitter")
     if not isinstance(line_splitter, bool):
         raise PlanError(f"log_line_splitter: got {line_splitter!r}, expected true or false")
     wrapper = line_splitter_path(dirs["bin"]) if line_splitter else None
@@ -256,7 +256,7 @@ def release_plan(manifest: dict | None, settings: dict) -> dict:
     root = str(_need(s, "root")).rstrip("/")
     service = str(_need(s, "service_name"))
     try:
-        eng = engines.get(m.get("backend") or "vllm")
+        eng = engines.get(m.get("backend") or engines.RECORDED_BEFORE_BACKENDS)
     except engines.EngineError as e:
         raise PlanError(f"release {m.get('id', '?')}: {e}") from e
     argv = [str(a) for a in (m.get("argv") or [])]

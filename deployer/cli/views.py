@@ -69,7 +69,8 @@ def _api(protected) -> str:
 
 def _engine(r: dict) -> str:
     """``vllm 0.16.0`` / ``sglang 0.5.23`` (records written before the SGLang backend: vLLM)."""
-    return f"{r.get('backend') or 'vllm'} {r.get('engine_version') or r.get('vllm_version') or '-'}"
+    from deployer.engines import RECORDED_BEFORE_BACKENDS
+    return f"{r.get('backend') or RECORDED_BEFORE_BACKENDS} {r.get('engine_version') or r.get('vllm_version') or '-'}"
 
 
 def _kv(r: dict) -> str:

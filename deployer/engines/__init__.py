@@ -17,7 +17,12 @@ from __future__ import annotations
 
 from deployer.engines.base import REGISTRY, Engine, EngineError, argv_value, register
 
-__all__ = ["REGISTRY", "Engine", "EngineError", "argv_value", "register", "get", "names", "describe", "engine_of_unit"]
+# The engine of a release recorded before the deployer had a choice of engines (its manifest names none, its unit
+# no marker): vLLM.  A fact about old records, not the setting's default (that is roles/deployer/defaults/main.yml).
+RECORDED_BEFORE_BACKENDS = "vllm"
+
+__all__ = ["RECORDED_BEFORE_BACKENDS", "REGISTRY", "Engine", "EngineError", "argv_value", "register", "get", "names",
+           "describe", "engine_of_unit"]
 
 
 def get(name: str) -> Engine:
@@ -34,7 +39,7 @@ def names() -> list[str]:
 
 def describe(name: str) -> dict:
     """``plan.engine`` for a release recorded with only its engine's name (a rollback target's manifest)."""
-    return get(name or "vllm").describe("")
+    return get(name or RECORDED_BEFORE_BACKENDS).describe("")
 
 
 def engine_of_unit(unit_text: str) -> str:
@@ -44,7 +49,7 @@ def engine_of_unit(unit_text: str) -> str:
     for name, eng in sorted(REGISTRY.items()):
         if eng.unit_marker and f'"{eng.unit_marker}"' in (unit_text or ""):
             return name
-    return "vllm"
+    return RECORDED_BEFORE_BACKENDS
 
 
 _LOADED = False

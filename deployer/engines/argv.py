@@ -73,7 +73,8 @@ def check_extra_args(extra: Any, managed: tuple[str, ...], what: str, forbidden:
 
 
 def common_fields(spec: dict) -> tuple[list[str], str, int, int, str]:
-    """What every engine's argv needs, validated: launcher, model path, port, tensor-parallel size, served name."""
+    """What every engine's argv needs, validated: launcher, model path, port, tensor-parallel size, served name (and
+    ``host``, ``trust_remote_code``: the builders read them from ``spec`` once checked here)."""
     launcher = spec.get("launcher") or []
     if isinstance(launcher, str) or not launcher or not all(isinstance(a, str) and a for a in launcher):
         raise ServeConfigError(f"launcher: got {launcher!r}, expected a non-empty list of strings")
@@ -86,6 +87,11 @@ def common_fields(spec: dict) -> tuple[list[str], str, int, int, str]:
     tp = spec.get("tensor_parallel_size")
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ServeConfigError(f"tensor_parallel_size: got {tp!r}, expected an integer >= 1")
+    host = spec.get("host")
+    if not isinstance(host, str) or not re.fullmatch(r"[A-Za-z0-9_.:%-]+", host):
+        raise ServeConfigError(f"host: got {host!r}, expected the address to bind (e.g. 0.0.0.0, 127.0.0.1, ::)")
+    if not isinstance(spec.get("trust_remote_code"), bool):
+        raise ServeConfigError(f"trust_remote_code: got {spec.get('trust_remote_code')!r}, expected true or false")
     name = spec.get("served_model_name") or ""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,127}", name):
         raise ServeConfigError(f"served_model_name: got {name!r}, expected 1-128 chars of [A-Za-z0-9._/:-]")

@@ -78,7 +78,7 @@ class Engine:
 
     def draft_tokens_per_step(self, s: dict) -> int:
         """The drafts one verify step proposes (the smoke test's acceptance rate is accepted / proposed)."""
-        return int(s.get("num_speculative_tokens", 3))
+        return int(s["num_speculative_tokens"])
 
     def speculative_of(self, argv: list[str]) -> tuple[bool, int]:
         """(EAGLE-3 on, drafts per verify step) as a recorded release's argv says (a rollback target's plan:

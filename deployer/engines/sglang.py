@@ -42,16 +42,16 @@ class SGLang(Engine):
         return sglang_argv.build_sglang_argv({
             **common_spec(s, venv, self.program),
             "context_length": s.get("max_model_len") or None,
-            "trust_remote_code": bool(s.get("trust_remote_code", True)),
-            "speculative": ({"model": drafter["dir"], "num_steps": s.get("num_speculative_tokens", 3),
-                             "eagle_topk": s.get("sglang_eagle_topk", 1),
+            "trust_remote_code": bool(s["trust_remote_code"]),
+            "speculative": ({"model": drafter["dir"], "num_steps": s["num_speculative_tokens"],
+                             "eagle_topk": s["sglang_eagle_topk"],
                              "num_draft_tokens": s.get("sglang_num_draft_tokens") or 0} if drafter else {}),
-            "attention_backend": s.get("sglang_attention_backend", "triton"),
-            "draft_attention_backend": s.get("sglang_draft_attention_backend", "triton"),
-            "kv_cache_dtype": s.get("sglang_kv_cache_dtype", "auto"),
+            "attention_backend": s["sglang_attention_backend"],
+            "draft_attention_backend": s["sglang_draft_attention_backend"],
+            "kv_cache_dtype": s["sglang_kv_cache_dtype"],
             "mem_fraction_static": s.get("sglang_mem_fraction_static") or 0,
-            "tool_call_parser": s.get("sglang_tool_call_parser", "kimi_k2"),
-            "reasoning_parser": s.get("sglang_reasoning_parser", "kimi_k2"),
+            "tool_call_parser": s["sglang_tool_call_parser"],
+            "reasoning_parser": s["sglang_reasoning_parser"],
             "language_model_only": bool(s.get("sglang_language_model_only")),
             "secrets_file": (f"{CREDENTIALS_TOKEN}/{sglang_argv.SECRETS_FILE}" if credentials else ""),
             "extra_args": s.get("sglang_extra_args") or [],
@@ -60,7 +60,7 @@ class SGLang(Engine):
     def draft_tokens_per_step(self, s):
         # SGLang verifies speculative_num_draft_tokens per step, the first of them the last accepted token
         # (tokenizer_manager.py: proposed = verify steps x (num_draft_tokens - 1)); sglang_argv's default
-        return int(s.get("sglang_num_draft_tokens") or int(s.get("num_speculative_tokens", 3)) + 1) - 1
+        return int(s.get("sglang_num_draft_tokens") or int(s["num_speculative_tokens"]) + 1) - 1
 
     def speculative_of(self, argv):
         if argv_value(argv, "--speculative-algorithm") is None:

@@ -120,10 +120,10 @@ def build_sglang_argv(spec: dict) -> list[str]:
                              "the secret file")
 
     argv = launcher + ["serve", "--model-path", model, "--served-model-name", name,
-                             "--host", spec.get("host") or "0.0.0.0", "--port", str(port), "--tp-size", str(tp)]
+                             "--host", spec["host"], "--port", str(port), "--tp-size", str(tp)]
     if ctx is not None:
         argv += ["--context-length", str(ctx)]
-    if spec.get("trust_remote_code", True):
+    if spec["trust_remote_code"]:
         argv.append("--trust-remote-code")
     sp = spec.get("speculative") or {}
     if sp:

@@ -40,7 +40,7 @@ class VLLM(Engine):
         return version
 
     def venv(self, s, root, version):
-        patched = bool(s.get("patch_enabled", True))
+        patched = bool(s["patch_enabled"])
         return f"{root}/venvs/vllm-{version}" + (f"-p{s.get('patch_engine_id') or identity.patch_engine_id()}"
                                                  if patched else ""), patched
 
@@ -50,9 +50,9 @@ class VLLM(Engine):
             "gpu_memory_utilization": s.get("gpu_memory_utilization"),
             "max_model_len": s.get("max_model_len") or None,
             "max_num_seqs": s.get("max_num_seqs") or None,
-            "trust_remote_code": bool(s.get("trust_remote_code", True)),
+            "trust_remote_code": bool(s["trust_remote_code"]),
             "speculative": ({"method": "eagle3", "model": drafter["dir"],
-                             "num_speculative_tokens": s.get("num_speculative_tokens", 3),
+                             "num_speculative_tokens": s["num_speculative_tokens"],
                              "extra": s.get("speculative_extra") or {}} if drafter else {}),
             "safetensors_load_strategy": s.get("safetensors_load_strategy") or "",
             "model_loader_extra_config": s.get("model_loader_extra_config") or {},
@@ -70,7 +70,7 @@ class VLLM(Engine):
         return True, int(cfg.get("num_speculative_tokens") or 0) if isinstance(cfg, dict) else 0
 
     def env(self, s, server_cache):
-        return {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s.get("engine_ready_timeout_seconds", 2400))),
+        return {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s["engine_ready_timeout_seconds"])),
                 "VLLM_CACHE_ROOT": f"{server_cache}/vllm"}
 
     # Where a release reads the drafter's aux layer ids and how it sizes the drafter's fc, measured on each release's

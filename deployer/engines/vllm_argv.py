@@ -64,7 +64,6 @@ def build_serve_argv(spec: dict) -> list[str]:
     seqs = spec.get("max_num_seqs")
     if seqs is not None and (not isinstance(seqs, int) or isinstance(seqs, bool) or seqs < 1):
         raise ServeConfigError(f"max_num_seqs: got {seqs!r}, expected a positive integer or null")
-    host = spec.get("host") or "0.0.0.0"
     strategy = spec.get("safetensors_load_strategy") or ""
     if strategy and strategy not in LOAD_STRATEGIES:
         raise ServeConfigError(f"safetensors_load_strategy: got {strategy!r}, expected one of {list(LOAD_STRATEGIES)} "
@@ -81,7 +80,7 @@ def build_serve_argv(spec: dict) -> list[str]:
 
     argv = list(launcher) + ["serve", model,
                              "--served-model-name", name,
-                             "--host", host,
+                             "--host", spec["host"],
                              "--port", str(port),
                              "--tensor-parallel-size", str(tp),
                              "--gpu-memory-utilization", num_word(gmu)]
@@ -89,13 +88,13 @@ def build_serve_argv(spec: dict) -> list[str]:
         argv += ["--max-model-len", str(mml)]
     if seqs is not None:
         argv += ["--max-num-seqs", str(seqs)]
-    if spec.get("trust_remote_code", True):
+    if spec["trust_remote_code"]:
         argv.append("--trust-remote-code")
     sp = spec.get("speculative") or {}
     if sp:
         argv += ["--speculative-config",
                  speculative_config(sp.get("method", "eagle3"), sp.get("model", ""),
-                                    sp.get("num_speculative_tokens", 3), sp.get("extra"))]
+                                    sp.get("num_speculative_tokens"), sp.get("extra"))]
     if strategy:
         argv += ["--safetensors-load-strategy", strategy]
     if loader:

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from test_render_golden import settings
 
 from deployer import memory_plan as mp
 from deployer.ansible_plugins.filter_plugins.deployer_filters import memory_plan as memory_filter
@@ -111,10 +112,12 @@ def test_a_config_without_the_fields_is_an_error():
         mp.kv_bytes_per_token({}, 8, 2)
 
 
-SETTINGS = dict(root="/opt/deployer", backend="vllm", vllm_version="0.18.0", service_name="deployer-engine",
-                port=8000, host="127.0.0.1", service_user="vllm", model_dir="/srv/models/Kimi-K2.5",
-                served_model_name="kimi-k2.5", speculative_enabled=False, tensor_parallel_size=8,
-                gpu_memory_utilization=0.94, max_model_len=131072, max_num_seqs=128, patch_enabled=False)
+# the settings' defaults (roles/deployer/defaults/main.yml) with these set
+SETTINGS = settings(root="/opt/deployer", backend="vllm", vllm_version="0.18.0", service_name="deployer-engine",
+                    port=8000, host="127.0.0.1", service_user="vllm", model_dir="/srv/models/Kimi-K2.5",
+                    served_model_name="kimi-k2.5", speculative_enabled=False, tensor_parallel_size=8,
+                    gpu_memory_utilization=0.94, max_model_len=131072, max_num_seqs=128, patch_enabled=False,
+                    extra_args=[], device_allow=[], env_extra={})
 
 
 def test_the_filter_reads_the_launch_it_judges(kimi):

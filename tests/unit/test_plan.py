@@ -28,10 +28,8 @@ def test_api_protection_is_recorded(host, key, allow, protected):
 
 @pytest.mark.parametrize("user", ["root", "Bad User", "x" * 40, ""])
 def test_service_user_root_or_malformed_refused(user):
-    # guards: the server never runs as root ("" falls back to the default, which is fine)
-    if user == "":
-        assert make_plan(settings(service_user=user), DRAFTER)["user"] == "vllm"
-        return
+    # guards: the server never runs as root.  "" fell back to a second copy of the default until issue 43 (each
+    # default once): it is refused like any malformed name, with the setting named
     with pytest.raises(PlanError, match="service_user"):
         make_plan(settings(service_user=user), DRAFTER)
 

@@ -87,7 +87,10 @@ def _render_haproxy(tmp_path, hosts):
     inv = {"all": {"children": {"gpu": {"hosts": hosts}, "balancer": {"hosts": {"lb": {}}}}}}
     (tmp_path / "inv.yml").write_text(yaml.safe_dump(inv))
     pb = [{"hosts": "lb", "gather_facts": False, "connection": "local",
-           "vars": yaml.safe_load((ROOT / "roles/balancer/defaults/main.yml").read_text()),
+           # the role's defaults and vars, as the role sees them
+           "vars": dict(yaml.safe_load((ROOT / "roles/balancer/defaults/main.yml").read_text()),
+                        **yaml.safe_load((ROOT / "roles/balancer/vars/main.yml").read_text()),
+                        role_path=str(ROOT / "roles/balancer")),
            "tasks": [{"ansible.builtin.template": {"src": str(ROOT / "roles/balancer/templates/haproxy.cfg.j2"),
                                                    "dest": str(tmp_path / "haproxy.cfg")}}]}]
     (tmp_path / "pb.yml").write_text(yaml.safe_dump(pb))

@@ -49,7 +49,8 @@ def prepare(tmp_path, platform="cpu", drafter_config=None, config_only=False, ra
         (tmp_path / "drafter").rename(tmp_path / "drafter-weights-not-there-yet")
         extra = ["--drafter-dir", str(tmp_path / "config-only")]
     argv = build_serve_argv(dict(launcher=[launcher], model=str(tmp_path / "model"),
-                                 served_model_name="kimi-k2.5", port=8000, tensor_parallel_size=8,
+                                 served_model_name="kimi-k2.5", host="0.0.0.0", port=8000, tensor_parallel_size=8,
+                                 trust_remote_code=True,
                                  gpu_memory_utilization=0.9, max_model_len=131072,
                                  speculative={"method": "eagle3", "model": str(tmp_path / "drafter"),
                                               "num_speculative_tokens": 3}, **load))
