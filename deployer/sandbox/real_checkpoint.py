@@ -216,3 +216,48 @@ def write_drafter(root: Path, hidden: int = H, seed: int = 1) -> Path:
          "t2d": ("BOOL", [V], b"\x01" * DRAFT_V + b"\0" * (V - DRAFT_V))}
     (root / "model.safetensors").write_bytes(safetensors_bytes(t))
     return root
+
+
+def mla_drafter_config(hidden: int = H) -> dict:
+    """An EAGLE-3 drafter whose one layer is MLA (``Eagle3DeepseekV2ForCausalLM``, vLLM's ``deepseek_eagle3.py``):
+    the drafter vLLM's CPU build can pair with an MLA target on a CPU without AMX (there the target's CPU_MLA
+    backend takes only 16-token KV blocks and a Llama drafter's CPU_ATTN only multiples of 32: vLLM refuses the pair
+    with "No common block size"; with AMX both run on blocks of 32)."""
+    vocab = _vocab()
+    return {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": hidden,
+            "intermediate_size": DENSE_I, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
+            "kv_lora_rank": KV_LORA, "q_lora_rank": Q_LORA, "qk_rope_head_dim": ROPE, "qk_nope_head_dim": NOPE,
+            "v_head_dim": V_HEAD, "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": DRAFT_V,
+            "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 50000.0, "rope_scaling": None,
+            "torch_dtype": "bfloat16", "tie_word_embeddings": False, "hidden_act": "silu",
+            "n_routed_experts": EXPERTS, "num_experts_per_tok": TOPK, "moe_intermediate_size": MOE_I,
+            "first_k_dense_replace": 1,
+            "bos_token_id": vocab["<s>"], "eos_token_id": vocab["</s>"],
+            "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}
+
+
+def write_mla_drafter(root: Path, hidden: int = H, seed: int = 1) -> Path:
+    """``write_drafter``'s twin with an MLA layer (``mla_drafter_config``): agrees with the target the same way
+    (a zero final norm: it always proposes draft token 0)."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(mla_drafter_config(hidden), indent=1))
+    h, i, p = hidden, DENSE_I, "midlayer."
+    t = {p + "self_attn.q_a_proj.weight": _t(rng, Q_LORA, 2 * h),
+         p + "self_attn.q_a_layernorm.weight": ("BF16", [Q_LORA], _ones(Q_LORA)),
+         p + "self_attn.q_b_proj.weight": _t(rng, HEADS * (NOPE + ROPE), Q_LORA),
+         p + "self_attn.kv_a_proj_with_mqa.weight": _t(rng, KV_LORA + ROPE, 2 * h),
+         p + "self_attn.kv_a_layernorm.weight": ("BF16", [KV_LORA], _ones(KV_LORA)),
+         p + "self_attn.kv_b_proj.weight": _t(rng, HEADS * (NOPE + V_HEAD), KV_LORA),
+         p + "self_attn.o_proj.weight": _t(rng, h, HEADS * V_HEAD),
+         p + "mlp.gate_proj.weight": _t(rng, i, h), p + "mlp.up_proj.weight": _t(rng, i, h),
+         p + "mlp.down_proj.weight": _t(rng, h, i),
+         p + "input_layernorm.weight": ("BF16", [h], _ones(h)), p + "hidden_norm.weight": ("BF16", [h], _ones(h)),
+         p + "post_attention_layernorm.weight": ("BF16", [h], _ones(h)),
+         "fc.weight": _t(rng, h, 3 * h),
+         "norm.weight": ("BF16", [h], _zeros(h)),
+         "lm_head.weight": _t(rng, DRAFT_V, h),
+         "d2t": ("I64", [DRAFT_V], _zeros(DRAFT_V, 8)),
+         "t2d": ("BOOL", [V], b"\x01" * DRAFT_V + b"\0" * (V - DRAFT_V))}
+    (root / "model.safetensors").write_bytes(safetensors_bytes(t))
+    return root

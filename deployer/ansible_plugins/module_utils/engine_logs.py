@@ -183,6 +183,32 @@ def _engine_spoke(raw):
             and not _ENGINE_GONE.search(raw))
 
 
+# CPython's report of an exception it could not raise (a __del__, a weakref callback: sys.unraisablehook): the
+# traceback that follows, up to its exception line, is printed and the process lives on.  vLLM 0.32's CPU build
+# prints one while torch.compile traces (CPUDNNLGEMMHandler.__del__ calling .item() under FakeTensorMode, on CPUs
+# without AMX): a deploy that read it as fatal stopped a loading server (tests/fixtures/real-cpu/.../unraisable).
+_UNRAISABLE = re.compile(r"^Exception ignored (?:in|while)\b")
+
+
+class Unraisable(object):
+    """Which lines belong to an ignored exception's report: ``skip(line)`` is true from "Exception ignored in ..."
+    through its exception line (a frame or a traceback header in between); its last line is ``.last``."""
+
+    def __init__(self):
+        self.inside = False
+        self.last = None
+
+    def skip(self, line):
+        if _UNRAISABLE.match(line):
+            self.inside = True
+            return True
+        if not self.inside:
+            return False
+        if _EXC_LINE.match(line) and not line.startswith("Traceback"):
+            self.inside, self.last = False, line
+        return True
+
+
 def silent_death(found, engine_spoke, gone_line):
     """``found`` replaced by ("killed", ...) when it is only generic, the engine process said nothing and the API
     server reports it gone."""
@@ -196,11 +222,13 @@ def silent_death(found, engine_spoke, gone_line):
 def root_cause(lines):
     """The failure one run of the server ended in, from its log lines (oldest first): ``(kind, line)`` or None.
     Unlike the load watch this also reads lines logged after the server was ready (a crash while serving)."""
-    found, spoke, gone = None, False, ""
+    found, spoke, gone, ignored = None, False, "", Unraisable()
     for raw in lines:
         for line in split_lines(raw):
-            spoke = spoke or _engine_spoke(line)
             stripped = strip_prefix(line)
+            if ignored.skip(stripped):
+                continue
+            spoke = spoke or _engine_spoke(line)
             if not gone and _ENGINE_GONE.search(stripped):
                 gone = stripped
             found = fold_fatal(found, stripped)[0]
@@ -271,6 +299,7 @@ class LoadState(object):
         self.engine_gone = ""       # the API server's line saying the engine process is gone
         self.tentative = False      # the phase was entered on the previous one's end line: a compile line may follow
         self.rank_counts = {}       # SGLang: {what: {tensor-parallel rank: lines so far}} (every rank logs its own)
+        self.ignored = Unraisable()  # an exception Python reported and did not raise: a warning, never fatal
 
     def _enter(self, phase, t, tentative=False):
         if self.tentative and phase == "compile" and self.phase == "kv_cache":
@@ -298,6 +327,10 @@ class LoadState(object):
         if self.last_progress_t is None:
             self.last_progress_t = t
         line = strip_prefix(raw)
+        if self.ignored.skip(line):
+            if not self.ignored.inside and len(self.warnings) < MAX_WARNINGS:
+                self.warnings.append("ignored by Python (the engine goes on): " + self.ignored.last)
+            return
         self.engine_spoke = self.engine_spoke or _engine_spoke(raw)
         if not self.engine_gone and _ENGINE_GONE.search(line):
             self.engine_gone = line
