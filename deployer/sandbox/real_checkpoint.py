@@ -184,80 +184,57 @@ def write_kimi_tiny(root: Path, shards: int = 4) -> Path:
     return root
 
 
-def drafter_config(hidden: int = H) -> dict:
+def drafter_config(hidden: int = H, mla: bool = False) -> dict:
+    """A Llama EAGLE-3 drafter's config, or with ``mla`` an MLA one (``Eagle3DeepseekV2ForCausalLM``, vLLM's
+    ``deepseek_eagle3.py``, Kimi's MLA dimensions): the drafter vLLM's CPU build can pair with an MLA target on a CPU
+    without AMX (there the target's CPU_MLA backend takes only 16-token KV blocks and a Llama drafter's CPU_ATTN only
+    multiples of 32: vLLM refuses the pair with "No common block size"; with AMX both run on blocks of 32)."""
     vocab = _vocab()
-    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
-            "intermediate_size": DENSE_I, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
-            "head_dim": 128, "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": DRAFT_V,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 50000.0, "torch_dtype": "bfloat16",
-            "tie_word_embeddings": False, "hidden_act": "silu",
-            "bos_token_id": vocab["<s>"], "eos_token_id": vocab["</s>"],
-            "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+           "intermediate_size": DENSE_I, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
+           "head_dim": 128, "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": DRAFT_V,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 50000.0, "torch_dtype": "bfloat16",
+           "tie_word_embeddings": False, "hidden_act": "silu",
+           "bos_token_id": vocab["<s>"], "eos_token_id": vocab["</s>"],
+           "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}
+    if mla:
+        del cfg["head_dim"]
+        cfg.update({"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                    "kv_lora_rank": KV_LORA, "q_lora_rank": Q_LORA, "qk_rope_head_dim": ROPE,
+                    "qk_nope_head_dim": NOPE, "v_head_dim": V_HEAD, "rope_scaling": None,
+                    "n_routed_experts": EXPERTS, "num_experts_per_tok": TOPK, "moe_intermediate_size": MOE_I,
+                    "first_k_dense_replace": 1})
+    return cfg
 
 
-def write_drafter(root: Path, hidden: int = H, seed: int = 1) -> Path:
-    """An EAGLE-3 drafter (LlamaForCausalLMEagle3): agrees with ``write_kimi_tiny``'s target at ``hidden == H``
-    (module docstring); another ``hidden`` makes the misfit one."""
+def write_drafter(root: Path, hidden: int = H, seed: int = 1, mla: bool = False) -> Path:
+    """An EAGLE-3 drafter (Llama, or with ``mla`` MLA: ``drafter_config``): agrees with ``write_kimi_tiny``'s target
+    at ``hidden == H`` (module docstring: a zero final norm, it always proposes draft token 0); another ``hidden``
+    makes the misfit one."""
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(drafter_config(hidden), indent=1))
-    h, q, i = hidden, HEADS * 128, DENSE_I
-    t = {"midlayer.self_attn.q_proj.weight": _t(rng, q, 2 * h), "midlayer.self_attn.k_proj.weight": _t(rng, q, 2 * h),
-         "midlayer.self_attn.v_proj.weight": _t(rng, q, 2 * h), "midlayer.self_attn.o_proj.weight": _t(rng, h, q),
-         "midlayer.mlp.gate_proj.weight": _t(rng, i, h), "midlayer.mlp.up_proj.weight": _t(rng, i, h),
-         "midlayer.mlp.down_proj.weight": _t(rng, h, i),
-         "midlayer.input_layernorm.weight": ("BF16", [h], _ones(h)),
-         "midlayer.hidden_norm.weight": ("BF16", [h], _ones(h)),
-         "midlayer.post_attention_layernorm.weight": ("BF16", [h], _ones(h)),
-         "fc.weight": _t(rng, h, 3 * h),
-         "norm.weight": ("BF16", [h], _zeros(h)),                 # zero: every draft logit 0, proposes draft token 0
-         "lm_head.weight": _t(rng, DRAFT_V, h),
-         "d2t": ("I64", [DRAFT_V], _zeros(DRAFT_V, 8)),            # draft token k -> target token k + d2t[k]
-         "t2d": ("BOOL", [V], b"\x01" * DRAFT_V + b"\0" * (V - DRAFT_V))}
-    (root / "model.safetensors").write_bytes(safetensors_bytes(t))
-    return root
-
-
-def mla_drafter_config(hidden: int = H) -> dict:
-    """An EAGLE-3 drafter whose one layer is MLA (``Eagle3DeepseekV2ForCausalLM``, vLLM's ``deepseek_eagle3.py``):
-    the drafter vLLM's CPU build can pair with an MLA target on a CPU without AMX (there the target's CPU_MLA
-    backend takes only 16-token KV blocks and a Llama drafter's CPU_ATTN only multiples of 32: vLLM refuses the pair
-    with "No common block size"; with AMX both run on blocks of 32)."""
-    vocab = _vocab()
-    return {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": hidden,
-            "intermediate_size": DENSE_I, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
-            "kv_lora_rank": KV_LORA, "q_lora_rank": Q_LORA, "qk_rope_head_dim": ROPE, "qk_nope_head_dim": NOPE,
-            "v_head_dim": V_HEAD, "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": DRAFT_V,
-            "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 50000.0, "rope_scaling": None,
-            "torch_dtype": "bfloat16", "tie_word_embeddings": False, "hidden_act": "silu",
-            "n_routed_experts": EXPERTS, "num_experts_per_tok": TOPK, "moe_intermediate_size": MOE_I,
-            "first_k_dense_replace": 1,
-            "bos_token_id": vocab["<s>"], "eos_token_id": vocab["</s>"],
-            "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}
-
-
-def write_mla_drafter(root: Path, hidden: int = H, seed: int = 1) -> Path:
-    """``write_drafter``'s twin with an MLA layer (``mla_drafter_config``): agrees with the target the same way
-    (a zero final norm: it always proposes draft token 0)."""
-    rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(mla_drafter_config(hidden), indent=1))
-    h, i, p = hidden, DENSE_I, "midlayer."
-    t = {p + "self_attn.q_a_proj.weight": _t(rng, Q_LORA, 2 * h),
-         p + "self_attn.q_a_layernorm.weight": ("BF16", [Q_LORA], _ones(Q_LORA)),
-         p + "self_attn.q_b_proj.weight": _t(rng, HEADS * (NOPE + ROPE), Q_LORA),
-         p + "self_attn.kv_a_proj_with_mqa.weight": _t(rng, KV_LORA + ROPE, 2 * h),
-         p + "self_attn.kv_a_layernorm.weight": ("BF16", [KV_LORA], _ones(KV_LORA)),
-         p + "self_attn.kv_b_proj.weight": _t(rng, HEADS * (NOPE + V_HEAD), KV_LORA),
-         p + "self_attn.o_proj.weight": _t(rng, h, HEADS * V_HEAD),
-         p + "mlp.gate_proj.weight": _t(rng, i, h), p + "mlp.up_proj.weight": _t(rng, i, h),
-         p + "mlp.down_proj.weight": _t(rng, h, i),
-         p + "input_layernorm.weight": ("BF16", [h], _ones(h)), p + "hidden_norm.weight": ("BF16", [h], _ones(h)),
-         p + "post_attention_layernorm.weight": ("BF16", [h], _ones(h)),
-         "fc.weight": _t(rng, h, 3 * h),
-         "norm.weight": ("BF16", [h], _zeros(h)),
-         "lm_head.weight": _t(rng, DRAFT_V, h),
-         "d2t": ("I64", [DRAFT_V], _zeros(DRAFT_V, 8)),
-         "t2d": ("BOOL", [V], b"\x01" * DRAFT_V + b"\0" * (V - DRAFT_V))}
+    (root / "config.json").write_text(json.dumps(drafter_config(hidden, mla), indent=1))
+    h, q, i, p = hidden, HEADS * 128, DENSE_I, "midlayer."
+    if mla:     # its one layer's input is 2 x hidden (the token's embedding beside the target's hidden state)
+        t = {p + "self_attn.q_a_proj.weight": _t(rng, Q_LORA, 2 * h),
+             p + "self_attn.q_a_layernorm.weight": ("BF16", [Q_LORA], _ones(Q_LORA)),
+             p + "self_attn.q_b_proj.weight": _t(rng, HEADS * (NOPE + ROPE), Q_LORA),
+             p + "self_attn.kv_a_proj_with_mqa.weight": _t(rng, KV_LORA + ROPE, 2 * h),
+             p + "self_attn.kv_a_layernorm.weight": ("BF16", [KV_LORA], _ones(KV_LORA)),
+             p + "self_attn.kv_b_proj.weight": _t(rng, HEADS * (NOPE + V_HEAD), KV_LORA),
+             p + "self_attn.o_proj.weight": _t(rng, h, HEADS * V_HEAD)}
+    else:
+        t = {p + "self_attn.q_proj.weight": _t(rng, q, 2 * h), p + "self_attn.k_proj.weight": _t(rng, q, 2 * h),
+             p + "self_attn.v_proj.weight": _t(rng, q, 2 * h), p + "self_attn.o_proj.weight": _t(rng, h, q)}
+    t.update({p + "mlp.gate_proj.weight": _t(rng, i, h), p + "mlp.up_proj.weight": _t(rng, i, h),
+              p + "mlp.down_proj.weight": _t(rng, h, i),
+              p + "input_layernorm.weight": ("BF16", [h], _ones(h)),
+              p + "hidden_norm.weight": ("BF16", [h], _ones(h)),
+              p + "post_attention_layernorm.weight": ("BF16", [h], _ones(h)),
+              "fc.weight": _t(rng, h, 3 * h),
+              "norm.weight": ("BF16", [h], _zeros(h)),                 # zero: every draft logit 0, proposes token 0
+              "lm_head.weight": _t(rng, DRAFT_V, h),
+              "d2t": ("I64", [DRAFT_V], _zeros(DRAFT_V, 8)),            # draft token k -> target token k + d2t[k]
+              "t2d": ("BOOL", [V], b"\x01" * DRAFT_V + b"\0" * (V - DRAFT_V))})
     (root / "model.safetensors").write_bytes(safetensors_bytes(t))
     return root

