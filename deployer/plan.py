@@ -45,6 +45,7 @@ server_cache_dirs   the folders of server_cache the environment names (the engin
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 from typing import Any
 
@@ -98,6 +99,17 @@ def deploy_dirs(root: str) -> dict:
     return {"root": root, "releases": f"{root}/releases", "current": f"{root}/current",
             "previous": f"{root}/previous", "drafters": f"{root}/drafters", "bin": f"{root}/bin",
             "cache": f"{root}/cache", "server_cache": f"{root}/cache/server", "secrets": f"{root}/secrets"}
+
+
+def _cache_dirs(server_cache: str, paths) -> list[str]:
+    """The folders of ``server_cache`` that ``paths`` (the environment's values) lie in, by their normal form: a
+    path that leaves it (``..``) names none, so root never makes a folder for the service user outside its home."""
+    names = set()
+    for v in paths:
+        n = posixpath.normpath(v) if v.startswith("/") else ""
+        if n.startswith(server_cache + "/"):
+            names.add(n[len(server_cache) + 1:].split("/")[0])
+    return sorted(names)
 
 
 def _need(s: dict, key: str) -> Any:
@@ -220,8 +232,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "draft_tokens_per_step": eng.draft_tokens_per_step(s) if speculative else 0,
         "restart_delay_seconds": restart_delay, "dirs": dirs,
         # the caches the environment points into the server cache: the install stage makes them, the user's own
-        "server_cache_dirs": sorted({v[len(sc) + 1:].split("/")[0] for v in env.values()
-                                     if v.startswith(sc + "/") and v[len(sc) + 1:]}),
+        "server_cache_dirs": _cache_dirs(sc, env.values()),
         "secrets": live_secrets(dirs, service),
         "release_inputs": {"argv": argv, "engine": backend, "version": version,
                            "drafter": drafter["tree_sha256"] if drafter else None,

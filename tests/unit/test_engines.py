@@ -88,6 +88,10 @@ def test_a_third_engine_falls_into_none_of_the_old_traps(toy, tmp_path, monkeypa
     (venv / ".deployer-installed").write_text("1.2.3\n")
     assert releases._venv_state(str(venv), p["engine"]["patchable"])["state"] == "native"
     assert "toy" in p["server_cache_dirs"]                          # TOY_CACHE: made by the install stage
+    odd = make_plan(settings(backend="toy", toy_version="1.2.3", env_extra={
+        "A": "/opt/deployer/cache/server/../x", "B": "/opt/deployer/cache/server/./torch//hub", "C": "relative/x",
+        "D": "/opt/deployer/cache/server"}), DRAFTER)
+    assert odd["server_cache_dirs"] == ["huggingface", "torch", "toy", "triton", "xdg"]   # never "..", ".", ""
     metrics = "toy:drafts_total 0\nvllm:spec_decode_num_drafts_total 4\nvllm:spec_decode_num_draft_tokens_total 12\n" \
               "vllm:spec_decode_num_accepted_tokens_total 6\n"
     got = spec_decode_stats(metrics, 3, p["engine"]["metrics_rules"])
