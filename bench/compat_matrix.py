@@ -40,7 +40,7 @@ from deployer.versions import vtuple  # noqa: E402
 from helpers import CACHE  # noqa: E402
 
 WHEELS = CACHE / "wheels"
-# what the watcher (module_utils/engine_logs.py) reads, as literal fragments of the source that prints it
+# what the watcher (module_utils/load_rules.py) reads, as literal fragments of the source that prints it
 WORDINGS = {
     "shards bar": "Loading safetensors checkpoint shards",
     "weights took": "Loading weights took",

@@ -51,7 +51,7 @@ from typing import Any
 
 from deployer import engines, versions
 from deployer.ansible_plugins.module_utils import formats, spec_metrics
-from deployer.ansible_plugins.module_utils.engine_logs import RULESETS
+from deployer.ansible_plugins.module_utils.load_rules import RULESETS
 from deployer.engines.argv import ServeConfigError, systemd_exec_quote
 from deployer.identity import line_splitter_path, templates_hash
 from deployer.live_secrets import live_secrets

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from deployer.sandbox import sglang_standin, standin, standin_base  # noqa: E402
+from deployer.sandbox import sglang_standin, standin_base  # noqa: E402
+from deployer.sandbox import vllm_standin_log as standin  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "deployer" / "venvs"
 RULE = {"start": "start", "weights_took": "weights_took", "drafter": "drafter (phase)",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from deployer.ansible_plugins.module_utils import engine_logs as V  # noqa: E402
+from deployer.ansible_plugins.module_utils import engine_logs, root_causes  # noqa: E402
 
 
 def messages(run_dir):
@@ -44,7 +44,7 @@ def messages(run_dir):
 def replay(run_dir, engine="vllm"):
     """What the watcher saw: phase transitions with times, the percentages per phase, the first fatal line,
     the final snapshot, the root cause of the whole run (also after ready) with its advice."""
-    st = V.LoadState(engine)
+    st = engine_logs.LoadState(engine)
     transitions, percents, first_fatal, t = [], {}, None, 0.0
     msgs = messages(run_dir)
     for t, msg in msgs:
@@ -57,13 +57,13 @@ def replay(run_dir, engine="vllm"):
             percents.setdefault(st.phase, []).append(pc)
         if st.fatal is not None and had_fatal is None:
             first_fatal = (round(t, 2), st.fatal)
-    cause = V.root_cause([m for _t, m in msgs])
+    cause = root_causes.root_cause([m for _t, m in msgs])
     d = Path(run_dir)
     result = json.loads((d / "result.json").read_text()) if (d / "result.json").exists() else {}
     # phases in the order first entered (vLLM 0.20 returns from KV-cache sizing to compile for the EAGLE head)
     return {"run": d.name, "phases": list(dict.fromkeys(p for _t, p in transitions)), "transitions": transitions,
             "percents": percents, "first_fatal": first_fatal, "snapshot": st.snapshot(t),
-            "root_cause": cause, "advice": V.advice(cause[0], cause[1]) if cause else "",
+            "root_cause": cause, "advice": root_causes.advice(cause[0], cause[1]) if cause else "",
             "ready_seconds": result.get("ready_seconds"), "returncode": result.get("returncode"),
             "health": result.get("health"), "api": result.get("api") or {}}
 

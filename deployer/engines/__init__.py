@@ -10,7 +10,7 @@ SkyPilot registers its load-balancing policies: ``@register`` on a subclass of `
 How to add an engine (docs/design.md, "Adding an engine"): a module here with an ``Engine`` subclass and
 ``@register`` (every module of this package is imported and registers itself); its argv builder (one place per
 engine, like ``vllm_argv.py``); its verifier ``roles/verify/files/<name>_verify.py``; its log rules in
-``module_utils/engine_logs.py`` (``RULESETS``) and a stand-in in ``deployer/sandbox/`` for the sandbox.  No role
+``module_utils/load_rules.py`` (``RULESETS``) and a stand-in in ``deployer/sandbox/`` for the sandbox.  No role
 changes.
 """
 from __future__ import annotations

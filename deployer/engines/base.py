@@ -22,7 +22,7 @@ class Engine:
     patchable = False          # the patch stage applies the EAGLE-3 patches (else it checks the source)
     capability_probe = False   # the patch stage reads the installed source for what this deploy needs
     verifier = ""              # roles/verify/files/<verifier>: the engine's own checks, GPU-less
-    log_rules = ""             # engine_logs.RULESETS key: the load phases as this engine logs them
+    log_rules = ""             # load_rules.RULESETS key: the load phases as this engine logs them
     drafts_metric = ""         # the /metrics counter of EAGLE-3 drafts (the smoke test's proof it is on)
     metrics_rules = ""         # spec_metrics.RULES key: how its /metrics say what EAGLE-3 drafted and accepted
     unit_marker = ""           # a word only this engine's ExecStart has (to tell which engine a unit starts)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""SANDBOX ONLY: the stand-in playing SGLang (``sglang serve --model-path ...``); standin.py hands over to it.
+"""SANDBOX ONLY: the stand-in playing SGLang (``sglang serve --model-path ...``); vllm_standin.py hands over to it.
 
 What a deployer can see of SGLang, taken from the SGLang installed in this venv where it can be
 (docs/backends.md lists each line and its file):
@@ -22,7 +22,7 @@ What a deployer can see of SGLang, taken from the SGLang installed in this venv 
     ``sglang:spec_accept_length`` / ``spec_accept_rate``, set - like the ``Decode batch ... accept len`` log line -
     only every ``decode_log_interval`` (40) decode steps (``scheduler_components/metrics_reporter.py``): a short
     request on a fresh server leaves them at 0.
-Rehearsal knobs: those of standin.py that apply (crash_phase weights|kv_cache|graphs, stall_phase,
+Rehearsal knobs: those of vllm_standin.py that apply (crash_phase weights|kv_cache|graphs, stall_phase,
 acceptance_rate, no_drafts, chat_status, empty_reply, reasoning_only, only_if_arg, load_seconds, phase_seconds), and
 health_generate_seconds (how long /health's generation takes once up).
 """
@@ -35,9 +35,11 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
-try:
-    import standin_base as base  # on a sandbox host, or run as a script: the file beside this one
+try:    # on a sandbox host, or run as a script: the files beside this one
+    import standin_api as api
+    import standin_base as base
 except ImportError:  # imported from the repository
+    from deployer.sandbox import standin_api as api
     from deployer.sandbox import standin_base as base
 
 PID = os.getpid()
@@ -212,72 +214,37 @@ def api_key_of(config_path):
     return str(data.get("api-key") or data.get("api_key") or "")
 
 
-def make_handler(a, metrics, api_key, k):
-    class H(base.ApiHandler):
-        def log_message(self, fmt, *args):
-            sys.stdout.write("[%s] INFO:     %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), fmt % args))
-            sys.stdout.flush()
+class SglangApi(api.ApiHandler):
+    """SGLang's HTTP server as a deployer sees it (standin_api.py has what both engines share)."""
+    owned_by, reasoning_field = "sglang", "reasoning_content"
+    reply_words, reply_id = "Sandbox SGLang stand-in reply", "standin"
+    health_paths = ("/health", "/health_generate")
 
+    def log_message(self, fmt, *args):
+        sys.stdout.write("[%s] INFO:     %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), fmt % args))
+        sys.stdout.flush()
 
-        def do_GET(self):
-            if self.path in ("/health", "/health_generate"):   # exempt from the API key
-                if not ENGINE["warm"]:                            # ServerStatus.Starting: 503 at once
-                    return self._send(503)
-                # up: a one-token generation; SGLang polls for its answer once a second, for at most 20 s
-                took = float(k.get("health_generate_seconds", 1.0))
-                time.sleep(min(max(1.0, took), HEALTH_CHECK_TIMEOUT))
-                if took > HEALTH_CHECK_TIMEOUT:
-                    log("Health check failed. Server couldn't get a response from detokenizer for last %d seconds."
-                        % HEALTH_CHECK_TIMEOUT, tp=False)
-                    return self._send(503)
-                return self._send(200)
-            if self.path == "/metrics":
-                return self._send(200, metrics.text().encode(), "text/plain; version=0.0.4; charset=utf-8")
-            if self.path == "/v1/models":
-                if not self._authorized():
-                    return
-                card = {"id": a.served_model_name or a.model_path, "object": "model", "created": int(time.time()),
-                        "owned_by": "sglang", "root": a.model_path, "max_model_len": a.context_length or 262144}
-                return self._send(200, json.dumps({"object": "list", "data": [card]}).encode())
-            self._send(404, json.dumps({"detail": "Not Found"}).encode())
+    def health(self):
+        if not ENGINE["warm"]:                            # ServerStatus.Starting: 503 at once
+            return self._send(503)
+        # up: a one-token generation; SGLang polls for its answer once a second, for at most 20 s
+        took = float(self.knobs.get("health_generate_seconds", 1.0))
+        time.sleep(min(max(1.0, took), HEALTH_CHECK_TIMEOUT))
+        if took > HEALTH_CHECK_TIMEOUT:
+            log("Health check failed. Server couldn't get a response from detokenizer for last %d seconds."
+                % HEALTH_CHECK_TIMEOUT, tp=False)
+            return self._send(503)
+        return self._send(200)
 
-        def do_POST(self):
-            if self.path != "/v1/chat/completions":
-                return self._send(404, json.dumps({"detail": "Not Found"}).encode())
-            if not self._authorized():
-                return
-            try:
-                req = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
-            except ValueError:
-                return self._send(400, json.dumps({"error": {"message": "invalid JSON"}}).encode())
-            name = a.served_model_name or a.model_path
-            if req.get("model") and req["model"] != name:
-                return self._send(404, json.dumps({"object": "error", "message": "The model `%s` does not exist."
-                                                   % req["model"], "type": "NotFoundError", "code": 404}).encode())
-            if k.get("chat_status"):
-                return self._send(int(k["chat_status"]), json.dumps({"object": "error", "code": k["chat_status"],
-                                                                     "message": "sandbox knob chat_status"}).encode())
-            prompt = " ".join(str(m.get("content", "")) for m in req.get("messages", []))
-            text = "" if k.get("empty_reply") else "Sandbox SGLang stand-in reply (%s): %s" % (
-                "EAGLE-3 on" if metrics.spec else "no speculation", prompt[:40])
-            gen = min(int(req.get("max_tokens") or 16), max(1, len(text.split()))) if text else 1
-            window = metrics.completion(max(1, len(prompt.split())), gen)
-            if window:   # the scheduler's decode log line, every decode_log_interval steps (metrics_reporter.py)
-                log("Decode batch, #running-req: 1, #token: %d, token usage: 0.00, %s%.2f, accept rate: %.2f, "
-                    "cuda graph: True, gen throughput (token/s): 42.00, #queue-req: 0"
-                    % (gen, SRC.find("decode")[0], window[0], window[1]))
-            body = {"id": "standin-%d" % int(time.time() * 1000), "object": "chat.completion",
-                    "created": int(time.time()), "model": name,
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": ({"role": "assistant", "content": None, "reasoning_content": text}
-                                             if k.get("reasoning_only") else
-                                             {"role": "assistant", "content": text})}],
-                    "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": gen,
-                              "total_tokens": len(prompt.split()) + gen}}
-            self._send(200, json.dumps(body).encode())
+    def error_body(self, code, message, kind):
+        return {"object": "error", "message": message, "type": kind, "code": code}
 
-    H.api_key = api_key
-    return H
+    def completed(self, prompt_tokens, gen_tokens):
+        window = self.metrics.completion(prompt_tokens, gen_tokens)
+        if window:   # the scheduler's decode log line, every decode_log_interval steps (metrics_reporter.py)
+            log("Decode batch, #running-req: 1, #token: %d, token usage: 0.00, %s%.2f, accept rate: %.2f, "
+                "cuda graph: True, gen throughput (token/s): 42.00, #queue-req: 0"
+                % (gen_tokens, SRC.find("decode")[0], window[0], window[1]))
 
 
 def main(argv):
@@ -356,7 +323,10 @@ def main(argv):
     metrics = Metrics(a.served_model_name or a.model_path, (a.speculative_num_draft_tokens or steps + 1) - 1,
                       float(k.get("acceptance_rate", 0.6)), spec)
     metrics.no_drafts = bool(k.get("no_drafts"))
-    srv = ThreadingHTTPServer((host, port), make_handler(a, metrics, api_key_of(a.config), k))
+    handler = SglangApi.make(knobs=k, metrics=metrics, api_key=api_key_of(a.config),
+                             model_name=a.served_model_name or a.model_path, model_root=a.model_path,
+                             max_model_len=a.context_length or 262144)
+    srv = ThreadingHTTPServer((host, port), handler)
     for line in ("Started server process [%d]" % PID, "Waiting for application startup.",
                  "Application startup complete.",
                  "Uvicorn running on http://%s:%d (Press CTRL+C to quit)" % (host, port)):

@@ -1,11 +1,10 @@
-"""SANDBOX ONLY: what both engine stand-ins share (standin.py plays vLLM, sglang_standin.py SGLang).
+"""SANDBOX ONLY: what both engine stand-ins share (vllm_standin.py plays vLLM, sglang_standin.py SGLang).
 
-Copied beside them onto a sandbox host (deployer/sandbox/hosts.py), where each imports it as ``standin_base``
+Copied beside them onto a sandbox host (deployer/sandbox/image.py), where each imports it as ``standin_base``
 (a script's own directory is first on its import path); in the repository it is ``deployer.sandbox.standin_base``.
 Here: the rehearsal knobs (/etc/deployer-sandbox/standin.json), the stand-in's state directory, the engine's own
-message texts read from its installed source (``EngineSource``), the CUDA-side failures both engines die of, and
-the HTTP handler's common parts (uvicorn's server header, JSON replies, the Bearer API key).
-Standard library only.
+message texts read from its installed source (``EngineSource``) and the CUDA-side failures both engines die of
+(their HTTP API is standin_api.py).  Standard library only.
 """
 import ast
 import importlib.util
@@ -14,8 +13,6 @@ import os
 import re
 import sys
 import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 
 KNOBS_FILE = os.environ.get("DEPLOYER_STANDIN_KNOBS", "/etc/deployer-sandbox/standin.json")
 STATE_DIR = os.environ.get("DEPLOYER_STANDIN_STATE", "/run/deployer-standin")
@@ -168,33 +165,3 @@ CRASHES = {
 # The knobs that make a start fail (only_if_arg limits them to an argv that holds its word).
 FAILURE_KNOBS = ("crash_phase", "stall_phase", "crash_after_ready_seconds", "unhealthy_after_ready_seconds",
                  "hang_after_ready_seconds", "chat_status", "empty_reply", "no_drafts", "fatal_line_phase")
-
-
-class ApiHandler(BaseHTTPRequestHandler):
-    """What both stand-ins' HTTP servers share (standin.py's and sglang_standin.py's): uvicorn's server header, a JSON
-    reply, and the Bearer API key check (401 as both engines answer it)."""
-    server_version = "uvicorn"
-    sys_version = ""
-    api_key = ""
-
-    def log_request(self, code="-", size="-"):
-        """uvicorn's access line: ``127.0.0.1:54321 - "GET /health HTTP/1.1" 200 OK`` (after the logger's prefix)."""
-        try:
-            phrase = " " + HTTPStatus(int(code)).phrase
-        except ValueError:
-            phrase = ""
-        self.log_message('%s:%s - "%s" %s%s', self.client_address[0], self.client_address[1], self.requestline,
-                         code, phrase)
-
-    def _send(self, code, body=b"", ctype="application/json"):
-        self.send_response(code)
-        self.send_header("content-type", ctype)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _authorized(self):
-        if not self.api_key or self.headers.get("Authorization", "") == "Bearer " + self.api_key:
-            return True
-        self._send(401, json.dumps({"error": "Unauthorized"}).encode())
-        return False

@@ -8,7 +8,8 @@ from test_plan import DRAFTER
 from test_render_golden import settings
 
 from deployer import engines
-from deployer.ansible_plugins.module_utils.engine_logs import RULESETS, LoadState
+from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+from deployer.ansible_plugins.module_utils.load_rules import RULESETS
 from deployer.plan import make_plan
 from helpers import ROOT
 

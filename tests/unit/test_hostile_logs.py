@@ -4,39 +4,39 @@ complexity guards (seconds, not milliseconds, so that a busy CI machine never fa
 took ~17 s for one 16 KB line."""
 import time
 
-from deployer.ansible_plugins.module_utils import engine_logs as el
+from deployer.ansible_plugins.module_utils import engine_logs, log_lines, root_causes
 
 HOSTILE = ["(" + "a" * 16000, "(" + "a" * 47000 + " ", "(Worker_TP0 pid=1) " * 2000]
 
 
 def test_hostile_lines_cost_the_watch_and_status_almost_nothing():
     t0 = time.monotonic()
-    st = el.LoadState()
+    st = engine_logs.LoadState()
     for i, line in enumerate(HOSTILE):
         st.feed(line, float(i))
-    el.root_cause(HOSTILE)
+    root_causes.root_cause(HOSTILE)
     assert time.monotonic() - t0 < 1.0
     assert st.phase == "starting" and st.fatal is None
 
 
 def test_the_real_prefixes_are_still_stripped():
-    assert el.strip_prefix("(EngineCore_DP0 pid=8) (Worker_TP1 pid=9) INFO 12-04 10:00:01 [gpu.py:12] Loading") \
+    assert log_lines.strip_prefix("(EngineCore_DP0 pid=8) (Worker_TP1 pid=9) INFO 12-04 10:00:01 [gpu.py:12] Loading") \
         == "Loading"
-    assert el.strip_prefix("(APIServer pid=1) ERROR 12-04 10:00:01.123 [api.py:3] boom") == "boom"
+    assert log_lines.strip_prefix("(APIServer pid=1) ERROR 12-04 10:00:01.123 [api.py:3] boom") == "boom"
 
 
 def test_a_long_fatal_line_is_kept_capped():
-    st = el.LoadState()
+    st = engine_logs.LoadState()
     st.feed("torch.OutOfMemoryError: CUDA out of memory " + "x" * 100000, 1.0)
-    assert st.fatal[0] == "cuda_oom" and len(st.fatal[1]) <= el.LINE_CHARS
+    assert st.fatal[0] == "cuda_oom" and len(st.fatal[1]) <= log_lines.LINE_CHARS
 
 
 def test_warnings_are_capped():
-    st = el.LoadState()
+    st = engine_logs.LoadState()
     t0 = time.monotonic()
     for i in range(20000):
         st.feed("Using AttentionBackendEnum.X%d backend" % i, float(i))
-    assert len(st.snapshot()["warnings"]) == el.MAX_WARNINGS
+    assert len(st.snapshot()["warnings"]) == engine_logs.MAX_WARNINGS
     assert time.monotonic() - t0 < 5.0
 
 
@@ -60,13 +60,13 @@ def _secret_free(text):
 def test_an_api_key_an_engine_logs_is_redacted_in_what_the_watch_and_status_read():
     import json
     for line in KEY_LINES:
-        assert _secret_free(el.redact(line)), line
-        e = el.journal_entry(json.dumps({"MESSAGE": line}))
+        assert _secret_free(log_lines.redact(line)), line
+        e = log_lines.journal_entry(json.dumps({"MESSAGE": line}))
         assert _secret_free(e["MESSAGE"]), e["MESSAGE"]
-        e = el.journal_entry(json.dumps({"MESSAGE": list(line.encode())}))
+        e = log_lines.journal_entry(json.dumps({"MESSAGE": list(line.encode())}))
         assert _secret_free(e["MESSAGE"])
-    assert el.redact("api_key=None, port=1") == "api_key=None, port=1"      # nothing to hide: shown as is
-    assert "'port': 30000" in el.redact(KEY_LINES[0]) and "model_path='/m'" in el.redact(KEY_LINES[1])
+    assert log_lines.redact("api_key=None, port=1") == "api_key=None, port=1"      # nothing to hide: shown as is
+    assert "'port': 30000" in log_lines.redact(KEY_LINES[0]) and "model_path='/m'" in log_lines.redact(KEY_LINES[1])
 
 
 def test_the_line_wrapper_redacts_before_the_journal():
@@ -82,5 +82,5 @@ def test_the_line_wrapper_redacts_before_the_journal():
     assert rest == b"" and len(lines) == len(KEY_LINES)
     for out in lines:
         assert _secret_free(out.decode()), out
-    assert [el.redact(x) for x in KEY_LINES] == [x.decode() for x in lines]   # one rule in both places
-    assert jl._SECRET_SETTING.pattern == el.SECRET_SETTING.encode()
+    assert [log_lines.redact(x) for x in KEY_LINES] == [x.decode() for x in lines]   # one rule in both places
+    assert jl._SECRET_SETTING.pattern == log_lines.SECRET_SETTING.encode()

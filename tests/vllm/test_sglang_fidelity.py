@@ -83,7 +83,7 @@ def test_parser_follows_the_sglang_standin(tmp_path):
     knobs.write_text(json.dumps({"load_seconds": 1.5, "crash_phase": "api"}))   # die after a full load: exits
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DEPLOYER_STANDIN_KNOBS": str(knobs),
            "DEPLOYER_STANDIN_STATE": str(tmp_path / "state")}
-    p = subprocess.run([str(venv() / "bin" / "python"), str(ROOT / "deployer/sandbox/standin.py"), "serve",
+    p = subprocess.run([str(venv() / "bin" / "python"), str(ROOT / "deployer/sandbox/vllm_standin.py"), "serve",
                         "--model-path", str(model), "--port", "18998", "--speculative-algorithm", "EAGLE3",
                         "--speculative-draft-model-path", str(drafter), "--tp-size", "8"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=120)

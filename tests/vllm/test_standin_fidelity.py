@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deployer.ansible_plugins.module_utils.engine_logs import LoadState
-from deployer.sandbox import standin
+from deployer.sandbox import vllm_standin_log as standin
 from deployer.sandbox.checkpoints import write_model_dir
 from helpers import CACHE, ROOT, need
 
@@ -76,7 +76,7 @@ def run_standin(version, tmp_path, cache_root):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DEPLOYER_STANDIN_KNOBS": str(knobs),
            "DEPLOYER_STANDIN_STATE": str(tmp_path / "state"), "VLLM_CACHE_ROOT": str(cache_root)}
     # stdout and stderr into one pipe, as journald interleaves them
-    p = subprocess.run([str(venv(version) / "bin" / "python"), str(ROOT / "deployer/sandbox/standin.py"), "serve",
+    p = subprocess.run([str(venv(version) / "bin" / "python"), str(ROOT / "deployer/sandbox/vllm_standin.py"), "serve",
                         str(model), "--port", "18999"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        env=env, timeout=120)
     return p.returncode, p.stdout.decode()   # bytes: text mode would turn tqdm's \r into \n
@@ -130,7 +130,7 @@ def test_model_runner_v2_only_source_is_spoken_and_parsed(tmp_path):
            "DEPLOYER_STANDIN_STATE": str(tmp_path / "state"), "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
            "PYTHONPATH": str(src_dir)}
     # a real venv's python for its tqdm (0.33.0's: the one closest to 0.34); PYTHONPATH puts 0.34.0's source first
-    p = subprocess.run([str(venv("0.33.0") / "bin" / "python"), str(ROOT / "deployer/sandbox/standin.py"), "serve",
+    p = subprocess.run([str(venv("0.33.0") / "bin" / "python"), str(ROOT / "deployer/sandbox/vllm_standin.py"), "serve",
                         str(model), "--port", "18998"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                        timeout=120)
     text = p.stdout.decode()

@@ -259,9 +259,11 @@ def _last_fatal(service, lines=600):
     systemd invocation of the journal's last ``lines``): {kind, line, runs_ago (0: the run now), at (epoch s)}."""
     import subprocess
     try:
-        from ansible.module_utils.engine_logs import journal_entry, root_cause  # on the host
+        from ansible.module_utils.log_lines import journal_entry  # on the host
+        from ansible.module_utils.root_causes import root_cause
     except ImportError:
-        from deployer.ansible_plugins.module_utils.engine_logs import journal_entry, root_cause  # on the controller
+        from deployer.ansible_plugins.module_utils.log_lines import journal_entry  # on the controller
+        from deployer.ansible_plugins.module_utils.root_causes import root_cause
     try:
         out = subprocess.run(["journalctl", "-u", service + ".service", "-n", str(lines), "-o", "json", "--all",
                               "--no-pager", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID"],

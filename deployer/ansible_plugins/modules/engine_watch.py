@@ -139,17 +139,11 @@ root_cause:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.engine_logs import (
-    LINE_CHARS,
-    RULESETS,
-    LoadState,
-    advice,
-    eta_seconds,
-    journal_entry,
-    overdue_seconds,
-    root_cause,
-)
+from ansible.module_utils.engine_logs import LoadState, eta_seconds, overdue_seconds
 from ansible.module_utils.host_io import http_get, systemd_show
+from ansible.module_utils.load_rules import RULESETS
+from ansible.module_utils.log_lines import LINE_CHARS, journal_entry
+from ansible.module_utils.root_causes import advice, root_cause
 
 TAIL = 40
 # systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
