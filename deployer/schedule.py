@@ -21,7 +21,7 @@ from pathlib import Path
 
 from deployer import tools
 from deployer.ansible_plugins.module_utils import formats
-from deployer.runner import Exit
+from deployer.events import Exit
 
 CONFIG = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "deployer" / "schedules.json"
 STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "deployer"

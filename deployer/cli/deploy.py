@@ -26,8 +26,8 @@ from deployer.cli.targets import (
     die,
     parse_extra,
 )
+from deployer.events import Exit, Result
 from deployer.output import Display, err, lit, literal, out
-from deployer.runner import Exit
 
 
 def lock_note(holder: dict) -> str:
@@ -44,7 +44,7 @@ def lock_note(holder: dict) -> str:
     return f"held from {holder.get('controller')}; if that run died, `deployer unlock` removes it"
 
 
-def report(res: runner.Result, as_json: bool, what: str) -> int:
+def report(res: Result, as_json: bool, what: str) -> int:
     """Print the outcome (human or one JSON line) and return the exit code."""
     code = res.exit_code()
     for f in res.failures:

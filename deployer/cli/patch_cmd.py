@@ -10,8 +10,8 @@ import typer
 
 from deployer.ansible_plugins.module_utils import eagle3_patch as pe
 from deployer.cli.targets import Json, die
+from deployer.events import Exit
 from deployer.output import lit, out
-from deployer.runner import Exit
 
 app = typer.Typer(no_args_is_help=True, help="The EAGLE-3 patch engine (P1-P5) on a local vLLM install.")
 Root = Annotated[Optional[str], typer.Option("--vllm-root", help="The vllm package directory, its site-packages "

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from deployer.cli.targets import die
+from deployer.events import Exit
 from deployer.output import out
-from deployer.runner import Exit
 
 app = typer.Typer(no_args_is_help=True, help="The embedded sandbox GPU host (real sshd + systemd, simulated GPUs).")
 

@@ -23,8 +23,8 @@ from deployer.cli.targets import (
     die,
     parse_extra,
 )
+from deployer.events import Exit
 from deployer.output import lit, out
-from deployer.runner import Exit
 
 app = typer.Typer(no_args_is_help=True, help="Scheduled redeploys (systemd timer, or cron without systemd).")
 

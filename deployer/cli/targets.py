@@ -11,8 +11,9 @@ from typing import Annotated, NoReturn, Optional
 import typer
 import yaml
 
+from deployer.events import Exit
 from deployer.output import err, lit
-from deployer.runner import SECRET_ENV, Exit
+from deployer.runner import SECRET_ENV
 
 # Secret settings: never stored in schedules, never printed; also settable from the environment.
 

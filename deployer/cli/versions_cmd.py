@@ -13,7 +13,7 @@ import yaml
 from deployer import engines
 from deployer import versions as vs
 from deployer.cli.targets import Json, die
-from deployer.runner import Exit
+from deployer.events import Exit
 
 DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "deployer" / "defaults" / "main.yml"
 

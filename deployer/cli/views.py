@@ -27,8 +27,8 @@ from deployer.cli.targets import (
     die,
     parse_extra,
 )
+from deployer.events import Exit
 from deployer.output import lit, out
-from deployer.runner import Exit
 
 
 def read_hosts(t: Target, extra: list[str] | None, live: bool) -> dict:

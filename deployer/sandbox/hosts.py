@@ -1,7 +1,8 @@
 """Sandbox hosts: real sshd + real systemd on this machine, with a simulated GPU box inside.
 
 This module runs the machines (boot, reboot, stop, pre-baked seeds, ssh into them); image.py prepares what a host
-holds before it boots, common.py says where a sandbox lives, inventory.py writes the controller's client files, checkpoints.py the simulated model and drafter.
+holds before it boots, common.py says where a sandbox lives, inventory.py writes the controller's client files,
+checkpoints.py the simulated model and drafter.
 
 Each host is a ``systemd-nspawn --boot`` container (systemd is PID 1, so unit files,
 ``systemctl`` and ``journalctl`` are the real ones) in its own network namespace on

@@ -3,27 +3,27 @@ import json
 import os
 import socket
 
-from deployer import runner
+from deployer import events
 from deployer.cli import deploy
 
 
 def result(failures, processed=("h1",), facts=None):
-    return runner.Result(rc=2 if failures else 0, status="failed" if failures else "successful", failures=failures,
+    return events.Result(rc=2 if failures else 0, status="failed" if failures else "successful", failures=failures,
                          stats={"processed": {h: 1 for h in processed}}, facts=facts or {})
 
 
 def lock_failure(pid):
     from deployer import controller_id
     holder = dict(controller_id.identity(pid), controller=socket.gethostname(), user="bob")   # as lock.yml records it
-    return runner.Failure("h1", "Acquire the deploy lock.", "", "host is locked by bob@x (pid 1, `up`)",
+    return events.Failure("h1", "Acquire the deploy lock.", "", "host is locked by bob@x (pid 1, `up`)",
                           {"locked": True, "holder": holder})
 
 
 def test_stale_and_live_locks(capsys):
     dead = 2 ** 22 + 12345  # above pid_max on this machine: never a live process
-    assert deploy.report(result([lock_failure(dead)]), False, "up") == runner.Exit.LOCKED
+    assert deploy.report(result([lock_failure(dead)]), False, "up") == events.Exit.LOCKED
     assert f"STALE: its process {dead} is gone from this controller" in capsys.readouterr().err
-    assert deploy.report(result([lock_failure(os.getpid())]), True, "up") == runner.Exit.LOCKED
+    assert deploy.report(result([lock_failure(os.getpid())]), True, "up") == events.Exit.LOCKED
     assert "held by a live deploy on this machine" in capsys.readouterr().out
 
 
@@ -44,8 +44,8 @@ def test_report_reads_only_the_result(capsys):
 
 
 def test_no_host_matched_is_never_success(capsys):
-    assert result([], processed=()).exit_code() == runner.Exit.USAGE
-    assert deploy.report(result([], processed=()), False, "up") == runner.Exit.USAGE
+    assert result([], processed=()).exit_code() == events.Exit.USAGE
+    assert deploy.report(result([], processed=()), False, "up") == events.Exit.USAGE
     assert "no host matched" in capsys.readouterr().err
 
 

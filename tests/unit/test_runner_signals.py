@@ -9,12 +9,13 @@ import sys
 import tempfile
 import time
 
+from deployer.events import HIDDEN, Exit
 from helpers import ROOT
 
 DRIVER = """
 import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[3])
-from deployer.runner import spawn_bound
+from deployer.bound_process import spawn_bound
 argv = [sys.argv[2] + "/ansible-playbook", "-i", "inventory"]
 if sys.argv[4] == "bound":
     child = spawn_bound(argv, dict(os.environ))
@@ -72,8 +73,8 @@ def test_the_deployers_playbook_dies_with_it(tmp_path):
 
 
 def test_the_bound_child_runs_the_command_with_its_arguments_and_never_without_its_deployer(tmp_path):
-    from deployer import pdeathsig, runner
-    out = runner.spawn_bound(["printf", "%s|", "-i", "a b", "--check", "it's.yml"], dict(os.environ))
+    from deployer import bound_process, pdeathsig
+    out = bound_process.spawn_bound(["printf", "%s|", "-i", "a b", "--check", "it's.yml"], dict(os.environ))
     assert out.wait(timeout=30) == 0 and out.stdout.read() == b"-i|a b|--check|it's.yml|"
     out.stdout.close()
     # a child whose deployer is not its parent (it died before the death signal was set) refuses to run
@@ -91,7 +92,7 @@ def test_a_real_playbook_runs_bound_with_its_events(tmp_path):
                   "        msg: hello\n")
     events = []
     res = runner.run(str(pb), "localhost,", {"ansible_connection": "local"}, on_event=events.append)
-    assert res.rc == 0 and res.exit_code() == runner.Exit.OK, (res, [e.get("stdout") for e in events][-5:])
+    assert res.rc == 0 and res.exit_code() == Exit.OK, (res, [e.get("stdout") for e in events][-5:])
     assert "localhost" in res.processed()
     ok = [e["event_data"] for e in events if e.get("event") == "runner_on_ok"]
     assert [(d["host"], d["task_action"], d["res"].get("msg")) for d in ok] == [
@@ -116,7 +117,7 @@ def test_a_no_log_result_reaches_the_cli_censored(tmp_path):
     events = []
     res = runner.run(str(pb), "localhost,", {"ansible_connection": "local", "token": "s3cr3t-T0KEN"},
                      on_event=events.append)
-    assert res.exit_code() == runner.Exit.FAILED and [f.msg for f in res.failures] == [runner.HIDDEN], res
+    assert res.exit_code() == Exit.FAILED and [f.msg for f in res.failures] == [HIDDEN], res
     assert "s3cr3t-T0KEN" not in json.dumps(events)
     assert [e["event_data"]["res"].get("censored", "") != "" for e in events
             if e["event"] in ("runner_on_ok", "runner_on_failed")] == [True, True]
@@ -179,7 +180,7 @@ def test_the_next_run_removes_what_a_killed_run_left_and_nothing_else(tmp_path, 
     ok = tmp_path / "ok.yml"
     ok.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n")
     res = runner.run(str(ok), "localhost,", {"ansible_connection": "local"})
-    assert res.exit_code() == runner.Exit.OK, res
+    assert res.exit_code() == Exit.OK, res
     assert {d.name for d in tmp.glob("deployer-run-*")} == {f"deployer-run-{os.getpid()}-live",
                                                              f"deployer-run-{p.pid}-link"}
     assert (target / "keep").exists()
@@ -196,7 +197,7 @@ def test_secrets_reach_the_playbook_as_given(tmp_path):
                   "          - deployer_hf_token == 'hf_' + '{' + '{x}}'\n")
     res = runner.run(str(pb), "localhost,", {"ansible_connection": "local", "deployer_api_key": "0777",
                                              "deployer_hf_token": "hf_{{x}}"})
-    assert res.exit_code() == runner.Exit.OK, res
+    assert res.exit_code() == Exit.OK, res
 
 
 def test_the_playbooks_workers_die_with_the_deployer_too(tmp_path):

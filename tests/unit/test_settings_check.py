@@ -54,7 +54,7 @@ def test_names_that_are_not_ours_pass():
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from deployer.runner import Collector, Exit  # noqa: E402
+from deployer.events import Collector, Exit  # noqa: E402
 from deployer.settings_check import explain_arg_spec_failure, invalid  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import textwrap
 
 from rich.console import Console
 
-from deployer import output, runner
+from deployer import events, output, runner
 from deployer.output import Display
 
 HOSTILE = ("CUDA out of memory [/] at [/models/kimi] [/INST] Sure. [rank0]: torch.OutOfMemoryError "
@@ -62,8 +62,8 @@ def test_the_failure_report_and_a_die_message_are_literal(monkeypatch):
     con, buf = console()
     monkeypatch.setattr(deploy, "err", con)
     monkeypatch.setattr(deploy, "out", con)
-    res = runner.Result(rc=2, status="failed", stats={"processed": {"h1": 1}},
-                        failures=[runner.Failure("h1 [/]", "watch [/x]", "watch", "tail:\n" + HOSTILE)])
+    res = events.Result(rc=2, status="failed", stats={"processed": {"h1": 1}},
+                        failures=[events.Failure("h1 [/]", "watch [/x]", "watch", "tail:\n" + HOSTILE)])
     deploy.report(res, False, "up")
     shown = buf.getvalue()
     assert "\x1b" not in shown and "[/INST]" in shown and "h1 [/]" in shown and "watch [/x]" in shown
@@ -104,7 +104,8 @@ def test_json_output_stays_exact(monkeypatch, capsys):
 
 def test_a_display_that_raises_never_stops_the_playbook(tmp_path, capsys):
     """An exception in the event handler turns the display off; the playbook runs on to its end (in a deploy:
-    to its rollback).  On 5ba0259 the exception left runner._stream, whose finally killed the playbook."""
+    to its rollback).  On 5ba0259 the exception left runner._stream (now bound_process.stream), whose finally
+    killed the playbook."""
     marker = tmp_path / "marker"
     book = tmp_path / "book.yml"
     book.write_text(textwrap.dedent(f"""\

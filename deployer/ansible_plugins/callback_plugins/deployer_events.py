@@ -36,7 +36,7 @@ def _now() -> str:
 
 def _bind_workers() -> None:
     """Every process the playbook forks from now on (its workers) dies with its parent (deployer/pdeathsig.py).
-    The playbook itself dies with the deployer (runner.spawn_bound), so no worker outlives a killed deployer:
+    The playbook itself dies with the deployer (bound_process.spawn_bound), so no worker outlives a killed deployer:
     ansible-core's workers call setsid(), so a stop's kill of the playbook's process group missed them too.
     Imported only here: the callback is active only under the CLI, whose package is then importable."""
     from deployer.pdeathsig import bind_forks
