@@ -112,7 +112,7 @@ def test_the_graph_sees_function_level_and_importlib_imports():
     # the analysis itself can fail: a module that imports the plan inside a function, and the engines' loader
     graph = import_graph()
     assert "deployer.plan" in graph["deployer.ansible_plugins.filter_plugins.deployer_filters"]
-    assert "deployer.ansible_plugins.module_utils.releases" in graph["deployer.plan"]     # inside release_plan()
+    assert "deployer.ansible_plugins.module_utils.host_probe" in graph["deployer.plan"]     # inside release_plan()
     assert {"deployer.engines.vllm", "deployer.engines.sglang"} <= graph["deployer.engines"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     # a module_util imported the way a module does it on the host counts as that module_util

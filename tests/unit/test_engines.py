@@ -81,13 +81,13 @@ def test_a_third_engine_falls_into_none_of_the_old_traps(toy, tmp_path, monkeypa
     """Issue 43's silent traps, each where a third engine would have met it: the host's venv probe called every
     venv not named sglang-* a vLLM to check for patches (so a no-op could never pass); the install stage made a hand
     list of cache folders; the metrics reader knew two engines' names; an unknown rules key read as nothing."""
-    from deployer.ansible_plugins.module_utils import releases
+    from deployer.ansible_plugins.module_utils import host_probe
     from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_stats
     p = make_plan(settings(backend="toy", toy_version="1.2.3"), DRAFTER)
     venv = tmp_path / "toy-1.2.3"
     venv.mkdir()
     (venv / ".deployer-installed").write_text("1.2.3\n")
-    assert releases._venv_state(str(venv), p["engine"]["patchable"])["state"] == "native"
+    assert host_probe._venv_state(str(venv), p["engine"]["patchable"])["state"] == "native"
     assert "toy" in p["server_cache_dirs"]                          # TOY_CACHE: made by the install stage
     odd = make_plan(settings(backend="toy", toy_version="1.2.3", env_extra={
         "A": "/opt/deployer/cache/server/../x", "B": "/opt/deployer/cache/server/./torch//hub", "C": "relative/x",

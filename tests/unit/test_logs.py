@@ -199,7 +199,7 @@ def test_last_fatal_is_the_newest_run_that_logged_one(monkeypatch):
     import json as _json
     import subprocess as sp
 
-    from deployer.ansible_plugins.module_utils import releases as rel
+    from deployer.ansible_plugins.module_utils import host_probe as rel
 
     def entry(inv, msg, t):
         return _json.dumps({"MESSAGE": msg, "_SYSTEMD_INVOCATION_ID": inv, "__REALTIME_TIMESTAMP": str(t)})

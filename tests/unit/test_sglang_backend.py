@@ -5,7 +5,7 @@ from test_render_golden import settings
 
 from deployer import identity, plan
 from deployer.ansible_plugins.filter_plugins.deployer_filters import parse_gpu_csv, sm120_refusals
-from deployer.ansible_plugins.module_utils import releases, sglang_source
+from deployer.ansible_plugins.module_utils import host_probe, releases, sglang_source
 from deployer.ansible_plugins.module_utils.engine_logs import LoadState
 from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
 from deployer.engines import argv as serve
@@ -337,7 +337,7 @@ def test_sglang_venvs_are_native_and_their_key_is_read_back(tmp_path):
     v = tmp_path / "venvs" / "sglang-0.5.23"
     v.mkdir(parents=True)
     (v / ".deployer-installed").write_text("0.5.23\n")
-    assert releases._venv_state(str(v), patchable=False)["state"] == "native"     # the engine's word, not the name
+    assert host_probe._venv_state(str(v), patchable=False)["state"] == "native"     # the engine's word, not the name
     (tmp_path / "sglang-secrets.yaml").write_text('# comment\napi-key: "k\\"ey"\n')
     assert releases._sglang_api_key(str(tmp_path)) == 'k"ey'
     assert releases._sglang_api_key(str(tmp_path / "none")) == ""

@@ -16,7 +16,9 @@ LINE_CHARS = 4096
 
 # A secret where an engine prints its configuration (SGLang 0.5.23 logs server_args with the API key at start-up:
 # srt/entrypoints/engine.py): name=value, 'name': 'value', "name": "value" and --flag value.  The same pattern, on
-# bytes, in roles/render/files/journal_lines.py, which redacts before the journal (tests/unit/test_hostile_logs.py).
+# bytes, in roles/render/files/journal_lines.py, which redacts before the journal (tests/unit/test_hostile_logs.py);
+# its comment still names engine_logs.py, where this lived until 2026-12-06: that file names every release (its
+# content-named path is in the unit), so an edit of it, a comment too, reloads every host (tests/unit/test_promises.py).
 SECRET_SETTING = (r"""((?:admin_)?api_key|hf_token)(['"]?\s*[:=]\s*)"""
                   r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,)}\]]+)"""
                   r"""|(--(?:admin-)?api-key)(=|\s+)(\S+)""")

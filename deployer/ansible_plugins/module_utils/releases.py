@@ -1,15 +1,16 @@
 # -*- coding: utf-8 -*-
-"""Release bookkeeping on the host, shared by the release modules and the CLI: manifests, pruning, links, the
-host's state as the status and no-op read it (its systemd, HTTP and device reads: module_utils/host_io.py)."""
+"""Release bookkeeping on the host, shared by the release modules and the CLI: manifests, pruning, links, what a
+release's files still match, and the store's state as the status and no-op read it (``host_state``).  The live
+system's side - the unit, /health, the venv's patch state, the GPUs - is host_probe.py."""
 from __future__ import annotations
 
 import json
 import os
 
 try:
-    from ansible.module_utils.host_io import http_get, nvidia_devices, systemd_show, write_atomic  # on the host
+    from ansible.module_utils.host_io import write_atomic  # on the host
 except ImportError:    # the controller
-    from deployer.ansible_plugins.module_utils.host_io import http_get, nvidia_devices, systemd_show, write_atomic
+    from deployer.ansible_plugins.module_utils.host_io import write_atomic
 
 
 def read_release(release_dir):
@@ -185,7 +186,7 @@ def _link(root, name):
     return os.path.basename(os.path.realpath(p)) if os.path.islink(p) else None
 
 
-def _sha256_file(path):
+def sha256_file(path):
     import hashlib
     try:
         with open(path, "rb") as f:
@@ -208,7 +209,7 @@ def edited_files(release_dir):
     bad = []
     for line in lines:
         sha, _, name = line.partition("  ")
-        if name and _sha256_file(os.path.join(release_dir, name)) != sha:
+        if name and sha256_file(os.path.join(release_dir, name)) != sha:
             bad.append(name)
     return bad
 
@@ -247,133 +248,6 @@ def release_needs(manifest):
     if manifest.get("drafter_dir"):
         need.append(os.path.join(manifest["drafter_dir"], ".deployer-complete"))
     return need
-
-
-def _unit_props(service):
-    return systemd_show(service, ["ActiveState", "SubState", "NeedDaemonReload", "NRestarts", "MainPID",
-                                  "ActiveEnterTimestamp"])
-
-
-def _last_fatal(service, lines=600):
-    """The root cause of the newest run of the unit that logged one (module_utils engine_logs.root_cause over each
-    systemd invocation of the journal's last ``lines``): {kind, line, runs_ago (0: the run now), at (epoch s)}."""
-    import subprocess
-    try:
-        from ansible.module_utils.log_lines import journal_entry  # on the host
-        from ansible.module_utils.root_causes import root_cause
-    except ImportError:
-        from deployer.ansible_plugins.module_utils.log_lines import journal_entry  # on the controller
-        from deployer.ansible_plugins.module_utils.root_causes import root_cause
-    try:
-        out = subprocess.run(["journalctl", "-u", service + ".service", "-n", str(lines), "-o", "json", "--all",
-                              "--no-pager", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    runs, order = {}, []
-    for raw in out.splitlines():
-        e = journal_entry(raw)
-        if e is None:
-            continue
-        msg = e.get("MESSAGE")
-        inv = e.get("_SYSTEMD_INVOCATION_ID") or ""
-        if inv not in runs:
-            runs[inv] = []
-            order.append(inv)
-        runs[inv].append((msg or "", e.get("__REALTIME_TIMESTAMP")))
-    for ago, inv in enumerate(reversed(order)):
-        found = root_cause([m for m, _t in runs[inv]])
-        if found:
-            at = next((t for m, t in reversed(runs[inv]) if found[1] in m), runs[inv][-1][1])
-            return {"kind": found[0], "line": found[1], "runs_ago": ago,
-                    "at": round(int(at) / 1e6, 3) if at else None}
-    return None
-
-
-def probe_host_of(argv):
-    """The address the host's own checks reach a release's server on, from its argv (``--host``): the bound
-    address, or loopback of the same family when it binds all (probe_address)."""
-    argv = list(argv or [])
-    bind = ""
-    for i, a in enumerate(argv):
-        if a == "--host" and i + 1 < len(argv):
-            bind = argv[i + 1]
-        elif a.startswith("--host="):
-            bind = a.split("=", 1)[1]
-    return probe_address(bind)
-
-
-def probe_address(bind):
-    """The address the host's checks ask a server that binds ``bind`` on: itself, or loopback of the same family
-    when it binds them all.  The one rule (deployer.plan.probe_host uses it too)."""
-    if bind in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    return "::1" if bind == "::" else bind
-
-
-def _http_get(port, path, host="127.0.0.1"):
-    """(status, body) of a plain HTTP GET on ``host``:``port`` (the address the server binds; loopback when it
-    binds all), or (None, body) when nothing answered with a status."""
-    status, body = http_get(port, path, host)
-    return status or None, body
-
-
-def http_health(port, host="127.0.0.1"):
-    return _http_get(port, "/health", host=host)[0]
-
-
-def _gpu_memory_used_mib():
-    import subprocess
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True,
-                             timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [int(x.strip()) for x in out.splitlines() if x.strip().isdigit()]
-
-
-def _venv_state(venv, patchable=True):
-    """Is the venv complete, and what does its vLLM carry (patch engine status: hashes the patched files,
-    so a hand-edited file shows as drift, never as "patched").  ``patchable`` false: the plan's engine is never
-    patched (its description says so: deployer/engines), so its venv is native as installed."""
-    out = {"path": venv, "installed": os.path.exists(os.path.join(venv, ".deployer-installed"))}
-    if not out["installed"]:
-        return out
-    if not patchable:
-        out.update(state="native", fingerprint=None, patches=[])
-        return out
-    try:
-        from ansible.module_utils import eagle3_patch as pe
-    except ImportError:
-        from deployer.ansible_plugins.module_utils import eagle3_patch as pe
-    try:
-        st = pe.status(pe.vllm_root_of(venv))
-        out.update(state=st.get("state"), fingerprint=st.get("fingerprint"), patches=st.get("applied") or [])
-    except Exception as e:  # drift, an unsupported vLLM: not a no-op, and say why
-        out.update(state="error", error=str(e)[:500])
-    return out
-
-
-def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="127.0.0.1", patchable=True):
-    """What a no-op ``up`` must know, in the same round trip: the venv the plan names (installed? patch
-    state and fingerprint), the drafter (complete?), the live release's env file and unit checksums, the
-    checksums of other ``files`` the live unit runs (the log-line wrapper), the NVIDIA device classes (part of
-    the unit), systemd's view of the server and its /health.  With ``live`` (``deployer status``) also its
-    /metrics text and the GPU memory in use."""
-    cur = os.path.join(root, "current")
-    extra = {}
-    if live:
-        extra = {"metrics": _http_get(port, "/metrics", host=host)[1], "gpu_memory_used_mib": _gpu_memory_used_mib(),
-                 "last_fatal": _last_fatal(service)}
-    return dict(extra, **{"venv": _venv_state(venv, patchable) if venv else None,
-            "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
-            "drafter_changed": drafter_changed(drafter_dir) if drafter_dir else [],
-            "live_edited": edited_files(cur),
-            "live_env_sha256": _sha256_file(os.path.join(cur, "vllm.env")),
-            "live_unit_sha256": _sha256_file(os.path.join(cur, "%s.service" % service)),
-            "files_sha256": dict((f, _sha256_file(f)) for f in files or []),
-            "nvidia_devices": nvidia_devices(), "unit": _unit_props(service), "health": http_health(port, host)})
 
 
 def _sglang_api_key(release_dir):
@@ -447,7 +321,7 @@ def host_state(root, service, target=None, want_secrets=False):
     current, previous = _link(root, "current"), _link(root, "previous")
     out = {"root": root, "releases": releases, "current": current, "previous": previous, "lock": lock,
            "live": read_release(os.path.join(rels_dir, current)) if current else None,
-           "unit_sha256": _sha256_file("/etc/systemd/system/%s.service" % service)}
+           "unit_sha256": sha256_file("/etc/systemd/system/%s.service" % service)}
     if target is not None:
         tid = target or previous
         if tid and not is_release_id(tid):      # never a path: no '/', no '..' (docs/security.md)

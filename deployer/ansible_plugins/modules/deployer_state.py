@@ -111,7 +111,8 @@ probe:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import host_state, probe, probe_host_of, secrets_current
+from ansible.module_utils.host_probe import probe, probe_host_of
+from ansible.module_utils.releases import host_state, secrets_current
 
 
 def main():

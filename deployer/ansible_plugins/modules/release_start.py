@@ -117,8 +117,8 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.host_io import UNIT_DIR, deployer_units, systemd_show
-from ansible.module_utils.releases import http_health, write_atomic
+from ansible.module_utils.host_io import UNIT_DIR, deployer_units, systemd_show, write_atomic
+from ansible.module_utils.host_probe import http_health
 
 
 def read(path):

@@ -31,7 +31,7 @@ DRAIN_AFTER_EXIT_SECONDS = 2.0     # processes the engine left behind may hold t
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _ENDS = re.compile(rb"[\r\n]")
 # A secret where the engine prints its configuration (SGLang logs server_args, its API key in it, at start-up):
-# the pattern of module_utils/log_lines.py's SECRET_SETTING, on bytes; the value becomes <redacted>.
+# the pattern of module_utils/engine_logs.py's SECRET_SETTING, on bytes; the value becomes <redacted>.
 _SECRET_SETTING = re.compile(rb"""((?:admin_)?api_key|hf_token)(['"]?\s*[:=]\s*)"""
                              rb"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,)}\]]+)"""
                              rb"""|(--(?:admin-)?api-key)(=|\s+)(\S+)""")
