@@ -45,17 +45,13 @@ class VLLM(Engine):
                                                  if patched else ""), patched
 
     def argv(self, s, venv, drafter, credentials):
+        # every row of vllm_argv.FLAGS from its setting (a new flag needs no line here), the drafter from the plan
         return vllm_argv.build_serve_argv({
             **common_spec(s, venv, self.program),
-            "gpu_memory_utilization": s.get("gpu_memory_utilization"),
-            "max_model_len": s.get("max_model_len") or None,
-            "max_num_seqs": s.get("max_num_seqs") or None,
-            "trust_remote_code": bool(s["trust_remote_code"]),
+            **{key: s.get(key) for key, _flags, _render in vllm_argv.FLAGS if key in s},
             "speculative": ({"method": "eagle3", "model": drafter["dir"],
                              "num_speculative_tokens": s["num_speculative_tokens"],
                              "extra": s.get("speculative_extra") or {}} if drafter else {}),
-            "safetensors_load_strategy": s.get("safetensors_load_strategy") or "",
-            "model_loader_extra_config": s.get("model_loader_extra_config") or {},
             "extra_args": s.get("extra_args") or [],
         })
 

@@ -11,15 +11,6 @@ from typing import Any
 
 from deployer.engines.argv import ServeConfigError, check_extra_args, common_fields, num_word
 
-# Flags the deployer owns.  Free-form ``extra_args`` may not set them again (two
-# sources of truth for the same flag is how a 25-minute load ends in surprise).
-MANAGED_FLAGS = (
-    "--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp",
-    "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--trust-remote-code",
-    "--speculative-config", "-sc", "--api-key", "--safetensors-load-strategy", "--model-loader-extra-config",
-    # a YAML of flags (FlexibleArgumentParser expands it into the argv): it could set any of the above
-    "--config", "--model",
-)
 # vLLM's LoadConfig.safetensors_load_strategy (vllm/config/load.py) and the default loader's only extra keys
 # (DefaultModelLoader.__init__: {"enable_multithread_load", "num_threads"},
 # vllm/model_executor/model_loader/default_loader.py)
@@ -45,59 +36,81 @@ def speculative_config(method: str, model: str, num_speculative_tokens: int, ext
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 
-def build_serve_argv(spec: dict) -> list[str]:
-    """Validate ``spec`` and return the full argv, launcher first.
+def _fraction(key, flag, v):
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < float(v) <= 1:
+        raise ServeConfigError(f"{key}: got {v!r}, expected a number in (0, 1]")
+    return [flag, num_word(v)]
 
-    ``spec`` keys: launcher (list), model, served_model_name, host, port,
-    tensor_parallel_size, gpu_memory_utilization, max_model_len, max_num_seqs (null: vLLM's default),
-    trust_remote_code, speculative ({method, model, num_speculative_tokens, extra}
-    or None/{} for no speculation), safetensors_load_strategy ("" = vLLM's default),
-    model_loader_extra_config (dict, {} = none), extra_args (list of str).
-    """
-    launcher, model, port, tp, name = common_fields(spec)
-    gmu = spec.get("gpu_memory_utilization")
-    if not isinstance(gmu, (int, float)) or isinstance(gmu, bool) or not 0 < float(gmu) <= 1:
-        raise ServeConfigError(f"gpu_memory_utilization: got {gmu!r}, expected a number in (0, 1]")
-    mml = spec.get("max_model_len")
-    if mml is not None and (not isinstance(mml, int) or isinstance(mml, bool) or mml < 1):
-        raise ServeConfigError(f"max_model_len: got {mml!r}, expected a positive integer or null")
-    seqs = spec.get("max_num_seqs")
-    if seqs is not None and (not isinstance(seqs, int) or isinstance(seqs, bool) or seqs < 1):
-        raise ServeConfigError(f"max_num_seqs: got {seqs!r}, expected a positive integer or null")
-    strategy = spec.get("safetensors_load_strategy") or ""
-    if strategy and strategy not in LOAD_STRATEGIES:
-        raise ServeConfigError(f"safetensors_load_strategy: got {strategy!r}, expected one of {list(LOAD_STRATEGIES)} "
-                               "or empty for vLLM's default")
-    loader = spec.get("model_loader_extra_config") or {}
+
+def _count(key, flag, v):
+    """A positive count; null or 0 leaves vLLM's own (the settings' word for it)."""
+    if v is None or (v == 0 and not isinstance(v, bool)):
+        return []
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ServeConfigError(f"{key}: got {v!r}, expected a positive integer or null")
+    return [flag, str(v)]
+
+
+def _switch(key, flag, v):
+    return [flag] if v else []
+
+
+def _speculative(key, flag, sp):
+    if not sp:
+        return []
+    return [flag, speculative_config(sp.get("method", "eagle3"), sp.get("model", ""),
+                                     sp.get("num_speculative_tokens"), sp.get("extra"))]
+
+
+def _load_strategy(key, flag, v):
+    if v and v not in LOAD_STRATEGIES:
+        raise ServeConfigError(f"{key}: got {v!r}, expected one of {list(LOAD_STRATEGIES)} or empty for vLLM's "
+                               "default")
+    return [flag, v] if v else []
+
+
+def _loader_extra(key, flag, loader):
+    loader = loader or {}
     if not isinstance(loader, dict):
-        raise ServeConfigError(f"model_loader_extra_config: got {loader!r}, expected a mapping")
+        raise ServeConfigError(f"{key}: got {loader!r}, expected a mapping")
     for k, v in loader.items():
         want = LOADER_EXTRA_KEYS.get(k)
         if want is None or not isinstance(v, want) or (want is int and (isinstance(v, bool) or v < 1)):
-            raise ServeConfigError(f"model_loader_extra_config: got {k}={v!r}, expected enable_multithread_load "
-                                   "(true/false) and num_threads (a positive integer)")
-    extra = check_extra_args(spec.get("extra_args") or [], MANAGED_FLAGS, "extra_args")
+            raise ServeConfigError(f"{key}: got {k}={v!r}, expected enable_multithread_load (true/false) and "
+                                   "num_threads (a positive integer)")
+    return [flag, json.dumps(loader, sort_keys=True, separators=(",", ":"))] if loader else []
 
-    argv = list(launcher) + ["serve", model,
-                             "--served-model-name", name,
-                             "--host", spec["host"],
-                             "--port", str(port),
-                             "--tensor-parallel-size", str(tp),
-                             "--gpu-memory-utilization", num_word(gmu)]
-    if mml is not None:
-        argv += ["--max-model-len", str(mml)]
-    if seqs is not None:
-        argv += ["--max-num-seqs", str(seqs)]
-    if spec["trust_remote_code"]:
-        argv.append("--trust-remote-code")
-    sp = spec.get("speculative") or {}
-    if sp:
-        argv += ["--speculative-config",
-                 speculative_config(sp.get("method", "eagle3"), sp.get("model", ""),
-                                    sp.get("num_speculative_tokens"), sp.get("extra"))]
-    if strategy:
-        argv += ["--safetensors-load-strategy", strategy]
-    if loader:
-        argv += ["--model-loader-extra-config", json.dumps(loader, sort_keys=True, separators=(",", ":"))]
-    argv += list(extra)
-    return argv
+
+# The launch flags after the ones every engine takes (common_fields), in argv order: (key, flags, render).  ``key``
+# is the spec's and the setting's name (deployer_<key>; "speculative" is the plan's drafter, not a setting), the
+# first flag is the one written, the rest its aliases; ``render(key, flag, value)`` gives the words ([] leaves
+# vLLM's default) or refuses the value with the measured and the expected.  A new vLLM launch-flag setting is a row
+# here and its default in roles/deployer/defaults/main.yml: engines/vllm.py passes every row's setting on.
+FLAGS = (
+    ("gpu_memory_utilization", ("--gpu-memory-utilization",), _fraction),
+    ("max_model_len", ("--max-model-len",), _count),
+    ("max_num_seqs", ("--max-num-seqs",), _count),
+    ("trust_remote_code", ("--trust-remote-code",), _switch),
+    ("speculative", ("--speculative-config", "-sc"), _speculative),
+    ("safetensors_load_strategy", ("--safetensors-load-strategy",), _load_strategy),
+    ("model_loader_extra_config", ("--model-loader-extra-config",), _loader_extra),
+)
+# Flags the deployer owns.  Free-form ``extra_args`` may not set them again (two sources of truth for the same flag
+# is how a 25-minute load ends in surprise): common_fields' own, the table's, the key (env file only), and a YAML of
+# flags (--config: FlexibleArgumentParser expands it into the argv, so it could set any of them) or --model.
+MANAGED_FLAGS = (("--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp")
+                 + tuple(f for _key, flags, _render in FLAGS for f in flags) + ("--api-key", "--config", "--model"))
+
+
+def build_serve_argv(spec: dict) -> list[str]:
+    """Validate ``spec`` and return the full argv, launcher first.
+
+    ``spec`` keys: launcher (list), model, served_model_name, host, port, tensor_parallel_size, every ``FLAGS``
+    key (speculative: {method, model, num_speculative_tokens, extra} or None/{} for no speculation), extra_args
+    (list of str).
+    """
+    launcher, model, port, tp, name = common_fields(spec)
+    words = [w for key, flags, render in FLAGS for w in render(key, flags[0], spec.get(key))]
+    extra = check_extra_args(spec.get("extra_args") or [], MANAGED_FLAGS, "extra_args")
+    return (list(launcher) + ["serve", model, "--served-model-name", name, "--host", spec["host"], "--port", str(port),
+                              "--tensor-parallel-size", str(tp)] + words + list(extra))

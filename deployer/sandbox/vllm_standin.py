@@ -25,10 +25,9 @@ engine core died), hang_after_ready_seconds (accepts connections, never answers)
 chat_status (the chat endpoint answers this HTTP status), empty_reply (empty completion text),
 reasoning_only (the text in vLLM's `reasoning` field, content null: a thinking template's short answer),
 reply_text (the completion's text), crash_text (appended to crash_phase's root-cause line: what a model prints),
-no_drafts (the drafter never proposes), fatal_line_phase (log an NCCL error line in that phase and
-hang, the process alive), and only_if_arg (a string: every failure knob applies only when some
-argv word equals it, so a new release can fail while the previous one still starts).
-Standard library, plus the venv's own tqdm (a vLLM dependency).
+no_drafts (the drafter never proposes), fatal_line_phase (log an NCCL error line in that phase and hang, the process
+alive), and only_if_arg (a string: every failure knob applies only when some argv word equals it, so a new release
+can fail while the previous one still starts).  Standard library, plus the venv's own tqdm (a vLLM dependency).
 """
 import argparse
 import hashlib

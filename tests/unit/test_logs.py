@@ -280,3 +280,25 @@ def test_an_exception_python_only_reports_is_a_warning_not_the_load_s_death():
               "Traceback (most recent call last):", "ValueError: boom"]:
         st.feed(x, 0.0)
     assert st.fatal == ("traceback", "ValueError: boom")
+
+
+def test_the_status_a_host_reports_is_assembled_in_one_place():
+    """`deployer status` / `releases` read what module_utils/host_probe.py status_view assembles on the host (the
+    playbook adds only the balancer's view): the store's releases and links always, the live server's state only
+    with a live probe, a crash loop from systemd's restart count against the limit."""
+    from deployer.ansible_plugins.module_utils.host_probe import status_view
+    store = {"releases": [{"id": "a" * 12}], "current": "a" * 12, "previous": None, "lock": None, "live": {"x": 1}}
+    quiet = status_view(store, 3)
+    assert quiet == {"releases": [{"id": "a" * 12}], "current": "a" * 12, "previous": None, "lock": None,
+                     "unit": None, "health": None, "last_fatal": None, "crash_loop": False,
+                     "crash_loop_restarts": 3, "spec": None, "gpu_memory_used_mib": []}
+    fatal = {"kind": "cuda_oom", "line": "CUDA out of memory", "runs_ago": 0, "at": 1.0}
+    live = dict(store, probe={"unit": {"ActiveState": "active", "NRestarts": "3", "MainPID": "42", "SubState": "x"},
+                              "health": 200, "metrics": METRICS, "gpu_memory_used_mib": [1, 2], "last_fatal": fatal})
+    st = status_view(live, 3)
+    assert st["unit"] == {"ActiveState": "active", "ActiveEnterTimestamp": "", "NRestarts": "3", "MainPID": "42"}
+    assert st["crash_loop"] and st["health"] == 200 and st["last_fatal"] == fatal
+    assert st["spec"]["acceptance_rate"] == 0.5 and st["gpu_memory_used_mib"] == [1, 2]
+    assert not status_view(live, 4)["crash_loop"]
+    unknown = dict(store, probe={"unit": {"NRestarts": ""}, "health": None})
+    assert status_view(unknown, 0)["unit"]["ActiveState"] == "?" and status_view(unknown, 1)["crash_loop"] is False

@@ -140,3 +140,30 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="
             "live_unit_sha256": sha256_file(os.path.join(cur, "%s.service" % service)),
             "files_sha256": dict((f, sha256_file(f)) for f in files or []),
             "nvidia_devices": nvidia_devices(), "unit": _unit_props(service), "health": http_health(port, host)})
+
+
+def status_view(state, crash_loop_restarts):
+    """What ``deployer status`` and ``deployer releases`` show of a host, assembled here in one place from
+    ``host_state`` (the store) and, with a live probe, ``probe``: a new datum is read above and named here, and
+    deployer/cli/views.py shows it (the playbook passes this on as it is; the balancer's view is added there)."""
+    try:
+        from ansible.module_utils.spec_metrics import spec_decode_stats  # on the host
+    except ImportError:
+        from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_stats  # on the controller
+    pr = state.get("probe") or {}
+    unit = pr.get("unit") or {}
+    try:
+        restarts = int(unit.get("NRestarts") or 0)
+    except ValueError:
+        restarts = 0
+    return {"releases": state.get("releases") or [], "current": state.get("current"),
+            "previous": state.get("previous"), "lock": state.get("lock"),
+            "unit": {"ActiveState": unit.get("ActiveState", "?"),
+                     "ActiveEnterTimestamp": unit.get("ActiveEnterTimestamp", ""),
+                     "NRestarts": unit.get("NRestarts", "?"), "MainPID": unit.get("MainPID", "0")} if pr else None,
+            "health": pr.get("health") if pr else None,
+            "last_fatal": pr.get("last_fatal") if pr else None,
+            "crash_loop": bool(pr) and restarts >= int(crash_loop_restarts),
+            "crash_loop_restarts": int(crash_loop_restarts),
+            "spec": spec_decode_stats(pr["metrics"]) if pr.get("metrics") else None,
+            "gpu_memory_used_mib": pr.get("gpu_memory_used_mib") or [] if pr else []}

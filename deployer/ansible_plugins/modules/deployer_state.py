@@ -42,6 +42,11 @@ options:
         of paths, adds their sha256 (C(files_sha256), null for a missing file); with key C(live) true also the server's
         C(metrics) text and C(gpu_memory_used_mib).
     type: dict
+  status_crash_loop_restarts:
+    description:
+      - Also return C(status), what C(deployer status) and C(deployer releases) show, assembled on the host
+        (module_utils/host_probe.py status_view); the unit counts as crash-looping at this many restarts.
+    type: int
 attributes:
   check_mode:
     support: full
@@ -108,10 +113,17 @@ probe:
       runs_ago, at; the newest root cause in the unit's journal, or null) with live.
   returned: when probe is given
   type: dict
+status:
+  description:
+    - releases, current, previous, lock; with a live probe unit (ActiveState, ActiveEnterTimestamp, NRestarts,
+      MainPID), health, last_fatal, crash_loop, spec (EAGLE-3 counters and rates from /metrics) and
+      gpu_memory_used_mib (else null, false and []); crash_loop_restarts.
+  returned: when status_crash_loop_restarts is given
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.host_probe import probe, probe_host_of
+from ansible.module_utils.host_probe import probe, probe_host_of, status_view
 from ansible.module_utils.releases import host_state, secrets_current
 
 
@@ -121,7 +133,8 @@ def main():
                                          target=dict(type="str"),
                                          secrets=dict(type="dict", no_log=True),
                                          want_secrets=dict(type="bool", default=False),
-                                         probe=dict(type="dict")),
+                                         probe=dict(type="dict"),
+                                         status_crash_loop_restarts=dict(type="int")),
                       supports_check_mode=True)
     p = m.params
     out = host_state(p["root"], p["service"], p["target"], p["want_secrets"])
@@ -137,6 +150,8 @@ def main():
                              [f for f in q.get("files") or [] if f], host, q.get("patchable", True) is not False)
         if p["secrets"] is not None:
             out["probe"]["secrets_current"] = secrets_current(p["root"], p["secrets"])
+    if p["status_crash_loop_restarts"] is not None:
+        out["status"] = status_view(out, p["status_crash_loop_restarts"])
     m.exit_json(changed=False, **out)
 
 
