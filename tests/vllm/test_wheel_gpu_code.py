@@ -8,7 +8,7 @@ import pytest
 from deployer import driver_floor as df
 from deployer.ansible_plugins.module_utils import fatbin
 from deployer.engines import get
-from helpers import CACHE, need
+from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm
 
@@ -47,3 +47,63 @@ def test_sglang_0523_kernels_have_sm120_code_and_need_cuda13():
     libs, torch_cuda = read("sglang-0.5.23", "sglang")
     assert all(not lib["ptx_only"] for lib in libs.values()), libs
     assert df.floor(list(libs.values()), torch_cuda)["driver"] == "580.65.06"
+
+
+def _release_ops(venv):
+    """The prepared venv's own ``vllm._custom_ops`` as the canary's probes call it: each function with the release's
+    signature (read with ast; nothing imported), recording how it was called."""
+    import ast
+    import types
+    v = CACHE / "venvs" / venv
+    need((v / ".deployer-installed").exists(), f"prepared {venv} venv missing (scripts/dev.sh prepares it)")
+    src = (glob.glob(str(v / "lib/python3*/site-packages/vllm/_custom_ops.py")) or [None])[0]
+    tree = ast.parse(open(src).read())
+    calls, ns = [], {}
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in ("gptq_marlin_repack", "topk_softmax"):
+            for a in fn.args.args + fn.args.kwonlyargs:
+                a.annotation = None
+            fn.returns, fn.decorator_list = None, []
+            fn.args.defaults = [ast.Constant(None) for _ in fn.args.defaults]
+            fn.args.kw_defaults = [ast.Constant(None) if d is not None else None for d in fn.args.kw_defaults]
+            fn.body = ast.parse(f"return __calls__.append(({fn.name!r}, dict(locals()))) or __out__").body
+            module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
+            exec(compile(module, src, "exec"), dict(__calls__=calls, __out__=types.SimpleNamespace(shape=(8, 512))), ns)
+    return types.SimpleNamespace(**ns), calls
+
+
+class _Torch:
+    """As much of torch as the probes touch before and after the kernel (no GPU here)."""
+    int32 = float32 = "dtype"
+
+    class cuda:
+        @staticmethod
+        def synchronize():
+            pass
+
+    def zeros(self, shape, **kw):
+        return ("tensor", shape)
+
+    empty = randn = zeros
+
+
+@pytest.mark.parametrize("venv", ["vllm-0.16.0", "vllm-0.18.0", "vllm-0.33.0"])
+def test_the_canarys_vllm_probes_call_each_releases_own_kernels_as_it_declares_them(venv, monkeypatch):
+    """The canary asks the release's kernels with the release's own signature: gptq_marlin_repack takes a perm tensor
+    in 0.16/0.18 and none in 0.33 (a wrong call would refuse a good deploy before its restart: exit 4)."""
+    import sys
+    import types
+    sys.path.insert(0, str(ROOT / "roles/canary/files"))
+    try:
+        import gpu_canary
+    finally:
+        sys.path.pop(0)
+    ops, calls = _release_ops(venv)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(_custom_ops=ops))
+    monkeypatch.setitem(sys.modules, "vllm._custom_ops", ops)
+    assert gpu_canary._probe_vllm_marlin_repack(_Torch()) == {"shape": [8, 512]}
+    assert gpu_canary._probe_vllm_moe_topk(_Torch()) == {"experts": 384, "topk": 8}
+    repack, topk = dict(calls)["gptq_marlin_repack"], dict(calls)["topk_softmax"]
+    assert (repack["size_k"], repack["size_n"], repack["num_bits"]) == (128, 256, 4), repack
+    assert ("perm" in repack) == (venv != "vllm-0.33.0"), repack
+    assert topk["gating_output"] == ("tensor", (4, 384)) and topk["topk_ids"] == ("tensor", (4, 8)), topk
