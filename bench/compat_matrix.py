@@ -34,8 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from deployer.ansible_plugins.module_utils import eagle3_patch as pe  # noqa: E402
-from deployer.ansible_plugins.module_utils import fatbin, sglang_source  # noqa: E402
+from deployer.host.module_utils import eagle3_patch as pe  # noqa: E402
+from deployer.host.module_utils import fatbin, sglang_source  # noqa: E402
 from deployer.versions import vtuple  # noqa: E402
 from helpers import CACHE  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from deployer.ansible_plugins.module_utils import eagle3_patch as pe  # noqa: E402
+from deployer.host.module_utils import eagle3_patch as pe  # noqa: E402
 from vllm_wheels import extract  # noqa: E402  (download + unzip the target files)
 
 

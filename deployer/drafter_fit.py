@@ -23,7 +23,7 @@ import json
 import struct
 from pathlib import Path
 
-from deployer.ansible_plugins.module_utils.safetensors_header import size_int
+from deployer.host.module_utils.safetensors_header import size_int
 
 # EAGLE-3.1 config flags no supported engine release reads: a drafter trained with them behaves differently here
 IGNORED_FLAGS = ("fc_norm", "norm_output", "norm_before_residual")

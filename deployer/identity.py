@@ -29,7 +29,7 @@ def line_splitter_path(bin_dir: str) -> str:
 def templates_hash() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in _TEMPLATES)).hexdigest()[:12]
 
-_PATCH_ENGINE = _REPO / "deployer" / "ansible_plugins" / "module_utils" / "eagle3_patch.py"
+_PATCH_ENGINE = _REPO / "deployer" / "host" / "module_utils" / "eagle3_patch.py"
 
 
 def content_hash(value: Any, length: int = 12) -> str:

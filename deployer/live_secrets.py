@@ -3,7 +3,7 @@ Every engine's secret file is written whatever runs now, so that a rollback acro
 from __future__ import annotations
 
 from deployer import engines
-from deployer.ansible_plugins.module_utils import envfile
+from deployer.host.module_utils import envfile
 
 SECRETS_ENV_FILE = "server.env"
 

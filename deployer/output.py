@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.progress import ProgressColumn
 from rich.text import Text
 
-from deployer.ansible_plugins.module_utils import formats
+from deployer.host.module_utils import formats
 
 # What a terminal would act on, in text a host, an engine or a model wrote: every control character the line formats
 # refuse (formats.py: C0 - ESC starts CSI/OSC sequences: clear the screen, set the title, OSC 52 writes the
@@ -232,7 +232,7 @@ class Display:
                        "elapsed_seconds": res.get("elapsed_seconds"), "eta_seconds": 0, "overdue_seconds": None,
                        "passed_seconds": seconds})
         elif not self.live:
-            from deployer.ansible_plugins.module_utils.engine_logs import PHASE_TITLES
+            from deployer.host.module_utils.engine_logs import PHASE_TITLES
             label = "prewarm" if phase == "prewarm" else "load"
             took = f"{float(seconds):.0f}s" if isinstance(seconds, (int, float)) else "?"
             self.line(f"{'':>8}[magenta]{lit(host)}[/] {label}: {lit(PHASE_TITLES.get(phase, phase))} done "

@@ -50,9 +50,9 @@ import re
 from typing import Any
 
 from deployer import engines, versions
-from deployer.ansible_plugins.module_utils import formats, spec_metrics
-from deployer.ansible_plugins.module_utils.load_rules import RULESETS
 from deployer.engines.argv import ServeConfigError, systemd_exec_quote
+from deployer.host.module_utils import formats, spec_metrics
+from deployer.host.module_utils.load_rules import RULESETS
 from deployer.identity import line_splitter_path, templates_hash
 from deployer.live_secrets import live_secrets
 
@@ -81,7 +81,7 @@ def is_loopback(host: str) -> bool:
 def probe_host(bind: str) -> str:
     """Where the host's own checks (health, watch, smoke) reach the server: the address it binds, or loopback of
     the same family when it binds them all (module_utils/host_probe.probe_address: the host side's rule too)."""
-    from deployer.ansible_plugins.module_utils.host_probe import probe_address
+    from deployer.host.module_utils.host_probe import probe_address
     return probe_address(bind)
 
 
@@ -261,7 +261,7 @@ def release_plan(manifest: dict | None, settings: dict) -> dict:
     start, watch and smoke stages read, as ``make_plan`` names it; the operator's settings fill only what an older
     manifest did not record (port, model, served name).  The engine is the one the release ran (a rollback may
     cross engines), and so are its drafts per verify step (the smoke's acceptance rate)."""
-    from deployer.ansible_plugins.module_utils.host_probe import probe_host_of
+    from deployer.host.module_utils.host_probe import probe_host_of
     m = dict(manifest or {})
     s = dict(settings)
     root = str(_need(s, "root")).rstrip("/")

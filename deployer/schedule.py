@@ -20,8 +20,8 @@ from datetime import time as dtime
 from pathlib import Path
 
 from deployer import tools
-from deployer.ansible_plugins.module_utils import formats
 from deployer.events import Exit
+from deployer.host.module_utils import formats
 
 CONFIG = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "deployer" / "schedules.json"
 STATE = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "deployer"

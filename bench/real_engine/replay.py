@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from deployer.ansible_plugins.module_utils import engine_logs, root_causes  # noqa: E402
+from deployer.host.module_utils import engine_logs, root_causes  # noqa: E402
 
 
 def messages(run_dir):

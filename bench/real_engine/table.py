@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay import replay  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_stats  # noqa: E402
+from deployer.host.module_utils.spec_metrics import spec_decode_stats  # noqa: E402
 
 ORDER = ("weights", "drafter", "compile", "kv_cache", "graphs", "api")
 

@@ -132,7 +132,7 @@ def rollback(
 
 def check_release_id(to: str) -> str:
     """``rollback --to``: a release id, never a path (``..`` or ``/`` would reach outside releases/)."""
-    from deployer.ansible_plugins.module_utils.releases import is_release_id
+    from deployer.host.module_utils.releases import is_release_id
     if not is_release_id(to):
         die(Exit.USAGE, f"--to {to!r}: expected a release id as `deployer releases` shows it (e.g. 3c5572e4f21b): "
                         "letters, digits, - and _, at most 64")

@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from deployer.ansible_plugins.module_utils import eagle3_patch as pe
 from deployer.cli.targets import Json, die
 from deployer.events import Exit
+from deployer.host.module_utils import eagle3_patch as pe
 from deployer.output import lit, out
 
 app = typer.Typer(no_args_is_help=True, help="The EAGLE-3 patch engine (P1-P5) on a local vLLM install.")

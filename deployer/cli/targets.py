@@ -182,7 +182,7 @@ def parse_extra(extra: list[str], from_env: bool = True) -> dict:
 def refuse_control_in_secret(var: str, value: str, env: str) -> None:
     """A secret holding a control character (the line end a YAML ``|`` block or a CRLF key file leaves) would end
     its env-file line: refused here, before any playbook, naming the setting and the character only."""
-    from deployer.ansible_plugins.module_utils.formats import control_char
+    from deployer.host.module_utils.formats import control_char
     bad = control_char(value)
     if bad:
         die(Exit.USAGE, f"{var} (or {env}) contains the control character {bad}: a line end from a YAML '|' block "

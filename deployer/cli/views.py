@@ -58,7 +58,7 @@ def _prewarm(p) -> str:
 
 def _phases(ps) -> str:
     """The load's parts in load order: ' (weights 412s, drafter 9s, torch.compile 35s, ...)'."""
-    from deployer.ansible_plugins.module_utils.engine_logs import PHASE_TITLES, PHASES
+    from deployer.host.module_utils.engine_logs import PHASE_TITLES, PHASES
     parts = [f"{PHASE_TITLES.get(k, k)} {ps[k]:.0f}s" for k in PHASES if isinstance((ps or {}).get(k), (int, float))]
     return f" ({', '.join(parts)})" if parts else ""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from deployer.ansible_plugins.module_utils import envfile, formats
+from deployer.host.module_utils import envfile, formats
 
 
 class ServeConfigError(ValueError):

@@ -345,9 +345,9 @@ def serve(args, k, spec):
                            model_root=args.model_tag, max_model_len=args.max_model_len or 262144, started=started)
     srv = ThreadingHTTPServer((host, args.port), handler)
     log(None, raw="Available routes are:", who="APIServer", where="launcher.py")
-    api = stream("APIServer")
-    api.write("INFO:     Application startup complete.\n")   # uvicorn's own line
-    api.flush()
+    uvicorn = stream("APIServer")
+    uvicorn.write("INFO:     Application startup complete.\n")   # uvicorn's own line
+    uvicorn.flush()
     base.mark("ready_at")
     if k.get("crash_after_ready_seconds") is not None:
         def die_while_serving():
@@ -360,8 +360,8 @@ def serve(args, k, spec):
             # measured on vLLM 0.32.0 on a CPU: docs/real-engine.md): only a unit that restarts on a clean exit too
             # (Restart=always) brings such a server back
             for line in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete."):
-                api.write(f"INFO:     {line}\n")
-            api.flush()
+                uvicorn.write(f"INFO:     {line}\n")
+            uvicorn.flush()
             os._exit(0)
         threading.Timer(float(k["crash_after_ready_seconds"]), die_while_serving).start()
     if k.get("unhealthy_after_ready_seconds") is not None:

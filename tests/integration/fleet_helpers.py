@@ -28,7 +28,7 @@ def fleet_hosts():
 def on_balancer(code):
     """Run ``code`` on the balancer host with haproxy_runtime imported as ``h`` (the module's own reader and
     writer, against the real HAProxy); its stdout."""
-    return sh(LB, f"PYTHONPATH={ROOT} python3 -c 'import json; from deployer.ansible_plugins.module_utils import "
+    return sh(LB, f"PYTHONPATH={ROOT} python3 -c 'import json; from deployer.host.module_utils import "
                   f"haproxy_runtime as h; {code}'")
 
 
@@ -39,7 +39,7 @@ def lb_servers():
 
 def lb_states():
     """Each host's state as HAProxy serves it (ready / drain / maint / down) and its requests in flight."""
-    from deployer.ansible_plugins.module_utils.haproxy_runtime import state_word
+    from deployer.host.module_utils.haproxy_runtime import state_word
     return {n: [state_word(r["status"]), r["scur"]] for n, r in lb_servers().items()}
 
 

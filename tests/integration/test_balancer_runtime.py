@@ -15,7 +15,7 @@ import jinja2
 import pytest
 import yaml
 
-from deployer.ansible_plugins.module_utils import haproxy_runtime as hr
+from deployer.host.module_utils import haproxy_runtime as hr
 from helpers import ROOT, STRICT
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"

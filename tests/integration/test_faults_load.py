@@ -37,7 +37,7 @@ def test_crash_in_every_phase_is_seen_and_rolled_back(phase):
     assert "crashed: the server process exited" in err or "fatal" in err, err
     # the phase it died in is named (issue 24: compile, KV cache and CUDA graph crashes named the phase before);
     # seen in seconds, not at the budget: the load's default budget (1800 s) is beyond this command's timeout
-    from deployer.ansible_plugins.module_utils.engine_logs import PHASE_TITLES
+    from deployer.host.module_utils.engine_logs import PHASE_TITLES
     assert f"phase '{PHASE_TITLES[phase]}'" in err.split("rolled back")[0], err
     assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) != pid and health() == "200"
 

@@ -11,7 +11,7 @@ from sandbox_helpers import sh as _sh
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 from deployer.sandbox import hosts as sbx  # noqa: E402
-from deployer.sandbox.common import STANDIN_PATH  # noqa: E402
+from deployer.sandbox.common import MODEL_DIR, STANDIN_PATH  # noqa: E402
 
 H = "sbx1"
 
@@ -133,15 +133,15 @@ def test_03_preflight_failure_changes_nothing(case):
     elif case == "wrong_gpu":
         sbx.set_knobs(H, gpus={"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559})
     elif case == "missing_shard":
-        sh(f"mv {sbx.MODEL_DIR}/model-00017-of-000064.safetensors /root/shard17")
+        sh(f"mv {MODEL_DIR}/model-00017-of-000064.safetensors /root/shard17")
     elif case == "truncated_shard":
-        sh(f"cp -p {sbx.MODEL_DIR}/model-00023-of-000064.safetensors /root/shard23 && "
-           f": > {sbx.MODEL_DIR}/model-00023-of-000064.safetensors")
+        sh(f"cp -p {MODEL_DIR}/model-00023-of-000064.safetensors /root/shard23 && "
+           f": > {MODEL_DIR}/model-00023-of-000064.safetensors")
     elif case == "missing_config":
-        sh(f"mv {sbx.MODEL_DIR}/config.json /root/config.json")
+        sh(f"mv {MODEL_DIR}/config.json /root/config.json")
     elif case == "unreadable_shard":
-        shard31_mode = sh(f"stat -c %a {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
-        sh(f"chmod 0600 {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
+        shard31_mode = sh(f"stat -c %a {MODEL_DIR}/model-00031-of-000064.safetensors")
+        sh(f"chmod 0600 {MODEL_DIR}/model-00031-of-000064.safetensors")
     elif case == "bad_drafter":
         extra = ["-e", "deployer_drafter_src_dir=/nonexistent/drafter"]
     elif case == "privileged_user":
@@ -154,11 +154,11 @@ def test_03_preflight_failure_changes_nothing(case):
         r = up(*extra, "-e", "deployer_gpu_memory_utilization=0.95")  # a would-be new release
     finally:
         sbx.set_knobs(H, gpus={})
-        sh(f"test -f /root/shard17 && mv /root/shard17 {sbx.MODEL_DIR}/model-00017-of-000064.safetensors; true")
-        sh(f"test -f /root/config.json && mv /root/config.json {sbx.MODEL_DIR}/config.json; true")
-        sh(f"test -f /root/shard23 && mv /root/shard23 {sbx.MODEL_DIR}/model-00023-of-000064.safetensors; true")
+        sh(f"test -f /root/shard17 && mv /root/shard17 {MODEL_DIR}/model-00017-of-000064.safetensors; true")
+        sh(f"test -f /root/config.json && mv /root/config.json {MODEL_DIR}/config.json; true")
+        sh(f"test -f /root/shard23 && mv /root/shard23 {MODEL_DIR}/model-00023-of-000064.safetensors; true")
         if case == "unreadable_shard":
-            sh(f"chmod {shard31_mode} {sbx.MODEL_DIR}/model-00031-of-000064.safetensors")
+            sh(f"chmod {shard31_mode} {MODEL_DIR}/model-00031-of-000064.safetensors")
         if case == "privileged_user":
             sh("gpasswd -d vllm docker >/dev/null")
     assert r.returncode == 3, r.stdout + r.stderr

@@ -157,7 +157,7 @@ def test_05_sglang_without_the_eagle3_hook_is_refused_from_its_source_and_the_st
         assert "rc=1" in log
         assert ("ValueError: Model KimiK25ForConditionalGeneration does not implement set_eagle3_layers_to_capture, "
                 "which EAGLE3 aux hidden-state capture requires.") in log, log
-        from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+        from deployer.host.module_utils.engine_logs import LoadState
         st = LoadState("sglang")
         st.feed(log, 1.0)
         # SGLang checks the hook in its attention backends' set-up, after both loads and the KV pools

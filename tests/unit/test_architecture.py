@@ -9,7 +9,7 @@ import ast
 from helpers import ROOT
 
 # modules and module_utils: shipped to the GPU host by Ansible, stdlib only (ansible.cfg: library, module_utils)
-HOST = ("deployer.ansible_plugins.modules", "deployer.ansible_plugins.module_utils")
+HOST = ("deployer.host.modules", "deployer.host.module_utils")
 ANSIBLE_MU = "ansible.module_utils."
 ANSIBLE_OWN = {"basic", "common", "six", "urls", "_text", "compat", "parsing"}   # ansible-core's own module_utils
 
@@ -27,7 +27,7 @@ def _resolve(name: str, mods) -> str | None:
         rest = name[len(ANSIBLE_MU):]
         if rest.split(".")[0] in ANSIBLE_OWN:
             return None
-        name = "deployer.ansible_plugins.module_utils." + rest
+        name = "deployer.host.module_utils." + rest
     while name and name not in mods:
         name = name.rpartition(".")[0]
     return name or None
@@ -98,7 +98,7 @@ def test_no_import_cycle():
 
 def test_host_code_imports_only_host_code():
     up = [f"{a} -> {b}" for a, bs in import_graph().items() if a.startswith(HOST) for b in sorted(bs)
-          if not b.startswith(HOST) and b not in ("deployer", "deployer.ansible_plugins")]
+          if not b.startswith(HOST) and b not in ("deployer", "deployer.host")]
     assert up == []
 
 
@@ -112,8 +112,8 @@ def test_the_graph_sees_function_level_and_importlib_imports():
     # the analysis itself can fail: a module that imports the plan inside a function, and the engines' loader
     graph = import_graph()
     assert "deployer.plan" in graph["deployer.ansible_plugins.filter_plugins.deployer_filters"]
-    assert "deployer.ansible_plugins.module_utils.host_probe" in graph["deployer.plan"]     # inside release_plan()
+    assert "deployer.host.module_utils.host_probe" in graph["deployer.plan"]     # inside release_plan()
     assert {"deployer.engines.vllm", "deployer.engines.sglang"} <= graph["deployer.engines"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     # a module_util imported the way a module does it on the host counts as that module_util
-    assert "deployer.ansible_plugins.module_utils.releases" in graph["deployer.ansible_plugins.modules.deployer_state"]
+    assert "deployer.host.module_utils.releases" in graph["deployer.host.modules.deployer_state"]

@@ -7,7 +7,7 @@ import pytest
 
 from deployer import driver_floor as df
 from deployer.ansible_plugins.filter_plugins.deployer_filters import driver_floor, driver_refusal
-from deployer.ansible_plugins.module_utils import fatbin
+from deployer.host.module_utils import fatbin
 
 
 def fatbin_container(entries):

@@ -8,14 +8,14 @@ from test_plan import DRAFTER
 from test_render_golden import settings
 
 from deployer import engines
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState
-from deployer.ansible_plugins.module_utils.load_rules import RULESETS
+from deployer.host.module_utils.engine_logs import LoadState
+from deployer.host.module_utils.load_rules import RULESETS
 from deployer.plan import make_plan
 from helpers import ROOT
 
 # files that ARE an engine's own (its argv builder, patch engine, source probe, verifier, stand-in)
-ENGINE_OWN = {"deployer/ansible_plugins/module_utils/eagle3_patch.py",
-              "deployer/ansible_plugins/module_utils/sglang_source.py", "roles/verify/files/vllm_verify.py",
+ENGINE_OWN = {"deployer/host/module_utils/eagle3_patch.py",
+              "deployer/host/module_utils/sglang_source.py", "roles/verify/files/vllm_verify.py",
               "roles/verify/files/sglang_verify.py"}
 COMPARE = re.compile(r"""(?:==|!=)\s*['"](?:vllm|sglang)['"]|['"](?:vllm|sglang)['"]\s*(?:==|!=)|"""
                      r"""['"](?:vllm|sglang)['"]\s+if\b|"""
@@ -81,8 +81,8 @@ def test_a_third_engine_falls_into_none_of_the_old_traps(toy, tmp_path, monkeypa
     """Issue 43's silent traps, each where a third engine would have met it: the host's venv probe called every
     venv not named sglang-* a vLLM to check for patches (so a no-op could never pass); the install stage made a hand
     list of cache folders; the metrics reader knew two engines' names; an unknown rules key read as nothing."""
-    from deployer.ansible_plugins.module_utils import host_probe
-    from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_stats
+    from deployer.host.module_utils import host_probe
+    from deployer.host.module_utils.spec_metrics import spec_decode_stats
     p = make_plan(settings(backend="toy", toy_version="1.2.3"), DRAFTER)
     venv = tmp_path / "toy-1.2.3"
     venv.mkdir()

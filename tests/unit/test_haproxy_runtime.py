@@ -1,6 +1,6 @@
 """haproxy_runtime's parsing of HAProxy's own answers (captured from HAProxy 2.6.12, Debian 12's, the sandbox's
 balancer): the admin state that `show stat`'s status hides while a server's health checks fail."""
-from deployer.ansible_plugins.module_utils.haproxy_runtime import parse_servers_state, state_word
+from deployer.host.module_utils.haproxy_runtime import parse_servers_state, state_word
 
 HEADER = ("1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight "
           "srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state "
@@ -29,7 +29,7 @@ def test_a_name_that_would_be_a_second_runtime_command_is_refused_before_the_soc
     sent (issue 40, F15).  The socket path does not exist: a refusal that reached it would say so instead."""
     import pytest
 
-    from deployer.ansible_plugins.module_utils.haproxy_runtime import RuntimeError_, servers, set_state
+    from deployer.host.module_utils.haproxy_runtime import RuntimeError_, servers, set_state
     sock = str(tmp_path / "none.sock")
     for call in (lambda: servers(sock, "gpu; shutdown frontend api"),
                  lambda: set_state(sock, "gpu", "h1; disable server gpu/h2", "drain"),

@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from deployer.ansible_plugins.module_utils.safetensors_header import check_shard
 from deployer.drafter_fit import DrafterFitError, safetensors_shapes
+from deployer.host.module_utils.safetensors_header import check_shard
 
 
 def shard(path, header_text, data=b""):

@@ -4,7 +4,7 @@ complexity guards (seconds, not milliseconds, so that a busy CI machine never fa
 took ~17 s for one 16 KB line."""
 import time
 
-from deployer.ansible_plugins.module_utils import engine_logs, log_lines, root_causes
+from deployer.host.module_utils import engine_logs, log_lines, root_causes
 
 HOSTILE = ["(" + "a" * 16000, "(" + "a" * 47000 + " ", "(Worker_TP0 pid=1) " * 2000]
 

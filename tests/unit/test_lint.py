@@ -73,8 +73,8 @@ def test_every_project_name_a_module_uses_exists():
 def test_validate_modules(tmp_path):
     col = tmp_path / "ansible_collections" / "deployer" / "tools"
     mods, utils = col / "plugins" / "modules", col / "plugins" / "module_utils"
-    for src, dst in ((ROOT / "deployer/ansible_plugins/modules", mods),
-                     (ROOT / "deployer/ansible_plugins/module_utils", utils)):
+    for src, dst in ((ROOT / "deployer/host/modules", mods),
+                     (ROOT / "deployer/host/module_utils", utils)):
         dst.mkdir(parents=True)
         for f in src.glob("*.py"):
             if f.name == "__init__.py":

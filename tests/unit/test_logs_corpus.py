@@ -10,8 +10,8 @@ sizes are ours:
 Each case says what it guards."""
 import pytest
 
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState
-from deployer.ansible_plugins.module_utils.root_causes import root_cause
+from deployer.host.module_utils.engine_logs import LoadState
+from deployer.host.module_utils.root_causes import root_cause
 
 
 def worker_oom_at_startup():

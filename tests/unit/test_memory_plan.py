@@ -8,7 +8,7 @@ from test_render_golden import settings
 
 from deployer import memory_plan as mp
 from deployer.ansible_plugins.filter_plugins.deployer_filters import memory_plan as memory_filter
-from deployer.ansible_plugins.module_utils.safetensors_header import check_shards, template
+from deployer.host.module_utils.safetensors_header import check_shards, template
 from deployer.plan import make_plan
 from deployer.sandbox import checkpoints
 

@@ -1,4 +1,4 @@
-"""The page-cache prewarm module (deployer/ansible_plugins/modules/page_cache_prewarm.py), run by Ansible on this
+"""The page-cache prewarm module (deployer/host/modules/page_cache_prewarm.py), run by Ansible on this
 machine: what it reads ends up in the page cache, and its rate limit holds (issue 24: both were promised, untested)."""
 import json
 import os

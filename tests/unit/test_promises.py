@@ -9,8 +9,8 @@ from test_plan import DRAFTER
 from test_render_golden import settings
 
 from deployer import drafter_fit as fit
-from deployer.ansible_plugins.module_utils import formats
-from deployer.ansible_plugins.module_utils import releases as rel
+from deployer.host.module_utils import formats
+from deployer.host.module_utils import releases as rel
 from deployer.identity import release_id
 from deployer.plan import PlanError, make_plan
 from deployer.sandbox.checkpoints import drafter_config, drafter_tensors, kimi_config

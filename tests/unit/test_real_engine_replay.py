@@ -62,7 +62,7 @@ def test_each_real_failure_is_named_by_its_root_cause_with_advice(run, kind, lin
 
 
 def test_the_spec_decode_counters_of_a_real_server():
-    from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
+    from deployer.host.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
     api = replay(RUNS / "good_second")["api"]
     after = spec_decode_stats(api["metrics_after_five"]["body"])
     assert after["present"] and after["num_drafts"] > 0 and after["num_draft_tokens"] == 3 * after["num_drafts"]
@@ -130,7 +130,7 @@ def test_a_worker_killed_while_serving_is_a_silent_death_not_the_engines_words()
     # guards: with tensor parallelism the engine core's own monitor reports a killed worker at ERROR level
     # ("Worker proc VllmWorker-3 died unexpectedly", vllm/v1/executor/multiproc_executor.py); that line says a
     # process is gone, it is no root cause of the engine's own, so the death stays "killed" (status, the watcher)
-    from deployer.ansible_plugins.module_utils.root_causes import root_cause
+    from deployer.host.module_utils.root_causes import root_cause
     lines = ["(APIServer pid=7) INFO 12-01 12:40:21 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000",
              "(EngineCore_DP0 pid=9) ERROR 12-01 12:41:00 [multiproc_executor.py:154] Worker proc VllmWorker-3 died "
              "unexpectedly, shutting down executor.",
@@ -228,7 +228,7 @@ def test_an_engine_killed_while_serving_ends_the_real_server_with_status_0_which
 def _journal(run):
     """A real deploy's journal on a real-engine sandbox host (`journalctl -u deployer-engine -o json`: message and
     arrival time), fed to the watcher as engine_watch feeds it."""
-    from deployer.ansible_plugins.module_utils import engine_logs
+    from deployer.host.module_utils import engine_logs
     st, phases, t = engine_logs.LoadState("vllm"), [], 0.0
     for line in (CPU_RUNS / run / "journal.jsonl").read_text().splitlines():
         e = json.loads(line)
@@ -261,7 +261,7 @@ def test_a_drafter_that_loads_but_does_not_fit_dies_at_the_first_request_named_b
     (`CHECK_EQ(mat1.size(ndim - 1), K) failed. 768 vs 1152`, not PyTorch's `mat1 and mat2 shapes cannot be
     multiplied`).  The smoke reads the journal's root cause: the drafter's shape, with the drafter check's advice -
     not a bare traceback."""
-    from deployer.ansible_plugins.module_utils import root_causes
+    from deployer.host.module_utils import root_causes
     journal = (CPU_RUNS / "sandbox_misfit_drafter" / "journal.jsonl").read_text()
     lines = [json.loads(x)["m"] for x in journal.splitlines()]
     kind, line = root_causes.root_cause(lines)

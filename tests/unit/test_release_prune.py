@@ -1,4 +1,4 @@
-from deployer.ansible_plugins.module_utils.releases import plan_prune
+from deployer.host.module_utils.releases import plan_prune
 
 
 def rel(i, t):
@@ -36,7 +36,7 @@ def test_flip_record_and_prune_on_a_real_directory(tmp_path):
     import json
     import os
 
-    from deployer.ansible_plugins.module_utils import releases as r
+    from deployer.host.module_utils import releases as r
     root = tmp_path
     for i in range(4):
         d = root / "releases" / f"r{i}"
@@ -64,7 +64,7 @@ def test_release_files_edited_after_render_and_drafter_files_changed_after_shipp
     import json
     import os
 
-    from deployer.ansible_plugins.module_utils.releases import drafter_changed, edited_files
+    from deployer.host.module_utils.releases import drafter_changed, edited_files
     rel = tmp_path / "rel"
     rel.mkdir()
     for name, text in (("argv.json", '["vllm", "serve"]\n'), ("vllm.env", "A=1\n"), ("x.service", "[Unit]\n")):

@@ -71,7 +71,7 @@ def test_unit_and_env_golden(tmp_path):
 def test_secrets_in_no_release_file_but_the_live_ones(tmp_path):
     # guards (issue 20, item 8): a release's files held its secrets, so a rollback put a revoked key back in
     # service; now no release file holds one, and the live files (start stage) hold them, quoted for their formats
-    from deployer.ansible_plugins.module_utils import envfile
+    from deployer.host.module_utils import envfile
     from deployer.live_secrets import secret_files
     unit, env = render(tmp_path, deployer_api_key='k"e$y`1\\', deployer_hf_token="hf_abc")
     for text in (unit, env):

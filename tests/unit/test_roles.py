@@ -14,7 +14,7 @@ ROLES = sorted(p for p in (ROOT / "roles").iterdir() if p.is_dir())
 WITH_DEFAULTS = [r for r in ROLES if (r / "defaults/main.yml").exists()]
 # A role's own variables start with its prefix; deployer_* are the shared settings (deployer).
 PREFIX = {r.name: ("deployer" if r.name == "deployer" else r.name) for r in ROLES}
-MODULES = sorted((ROOT / "deployer/ansible_plugins/modules").glob("*.py"))
+MODULES = sorted((ROOT / "deployer/host/modules").glob("*.py"))
 MODULES = [m for m in MODULES if m.name != "__init__.py"]
 UNITS = ("_seconds", "_gib", "_mib", "_bytes")
 

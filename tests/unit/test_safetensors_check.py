@@ -1,6 +1,6 @@
-"""The preflight's shard check (deployer/ansible_plugins/module_utils/safetensors_header.py): a truncated or foreign
+"""The preflight's shard check (deployer/host/module_utils/safetensors_header.py): a truncated or foreign
 shard is found from its own header, before a load that would fail on it after minutes (issue #12)."""
-from deployer.ansible_plugins.module_utils.safetensors_header import check_shard
+from deployer.host.module_utils.safetensors_header import check_shard
 from deployer.sandbox.checkpoints import safetensors_bytes
 
 

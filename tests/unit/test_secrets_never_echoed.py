@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 
 from deployer import schedule as sc
-from deployer.ansible_plugins.module_utils import envfile, formats
+from deployer.host.module_utils import envfile, formats
 
 SECRET = "sk-live-S3CRET123"
 

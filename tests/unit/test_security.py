@@ -15,7 +15,7 @@ from test_plan import DRAFTER
 from test_render_golden import settings
 
 from deployer import schedule as sc
-from deployer.ansible_plugins.module_utils import envfile
+from deployer.host.module_utils import envfile
 from deployer.plan import PlanError, make_plan
 from helpers import ROOT
 
@@ -76,7 +76,7 @@ def test_timer_execstart_is_quoted():
 
 @pytest.mark.parametrize("bad", ["10.0.0.1 backup", "10.0.0.1\nserver evil 6.6.6.6:80", "a#b", "10.0.0.1\r"])
 def test_haproxy_words_are_plain_tokens(bad):
-    from deployer.ansible_plugins.module_utils import formats
+    from deployer.host.module_utils import formats
     with pytest.raises(formats.FormatError):
         formats.haproxy_word(bad)
     assert formats.haproxy_word("gpu-1.example") == "gpu-1.example"
@@ -283,7 +283,7 @@ def test_a_lock_holder_is_judged_by_machine_boot_pid_and_start_time():
 # ------------------------------------------------------------------ 13: disk given back
 def test_an_abandoned_drafter_copy_is_collected_but_the_running_ones_is_not():
     # guards: .incoming-* staging dirs of interrupted copies were never collected
-    from deployer.ansible_plugins.module_utils.releases import plan_collect
+    from deployer.host.module_utils.releases import plan_collect
     present = ["aaaa", ".incoming-bbbb", ".incoming-cccc", ".trash-dddd"]
     kept = [{"drafter_dir": "/d/aaaa"}]
     assert plan_collect("/d", present, kept, "drafter_dir", in_use=["/d/cccc"]) == [".incoming-bbbb", ".trash-dddd"]
@@ -291,7 +291,7 @@ def test_an_abandoned_drafter_copy_is_collected_but_the_running_ones_is_not():
 
 def test_removing_a_venv_gives_back_the_uv_cache_entries_only_it_used(tmp_path):
     # guards: venvs are hard links into <root>/cache/uv, which nothing pruned: removing a venv freed almost nothing
-    from deployer.ansible_plugins.module_utils.releases import prune, unused_uv_archives
+    from deployer.host.module_utils.releases import prune, unused_uv_archives
     cache = tmp_path / "cache" / "uv" / "archive-v0"
     venvs, rels = tmp_path / "venvs", tmp_path / "releases"
     for name in ("only-old", "shared"):

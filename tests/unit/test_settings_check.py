@@ -36,7 +36,7 @@ def test_every_documented_setting_and_playbook_switch_is_known():
     for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         in_docs |= set(re.findall(r"`([a-z]+_[a-z0-9_]*[a-z0-9])(?:=[^`]*)?`", f.read_text()))
     assert "deployer_api_key" in in_docs and "balancer_drain_wait_seconds" in in_docs, sorted(in_docs)
-    from deployer.ansible_plugins.module_utils import root_causes
+    from deployer.host.module_utils import root_causes
     in_docs -= {kind for kind, _rx in root_causes.FATAL}   # failure kinds the docs name (drafter_shape)
     assert not unknown(in_docs)
     _names, _prefixes, documented = known()

@@ -5,11 +5,11 @@ from test_render_golden import settings
 
 from deployer import identity, plan
 from deployer.ansible_plugins.filter_plugins.deployer_filters import parse_gpu_csv, sm120_refusals
-from deployer.ansible_plugins.module_utils import host_probe, releases, sglang_source
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState
-from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
 from deployer.engines import argv as serve
 from deployer.engines import sglang_argv as serve_sglang
+from deployer.host.module_utils import host_probe, releases, sglang_source
+from deployer.host.module_utils.engine_logs import LoadState
+from deployer.host.module_utils.spec_metrics import spec_decode_delta, spec_decode_stats
 
 # the settings' defaults (roles/deployer/defaults/main.yml), these few set
 BASE = settings(root="/opt/deployer", vllm_version="0.16.0", sglang_version="0.5.23", service_name="deployer-engine",

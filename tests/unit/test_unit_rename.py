@@ -1,6 +1,6 @@
 """A renamed unit (deployer_service_name changed, or its default: deployer-vllm -> deployer-engine) is found and
 retired, never left running beside the new one (module_utils/host_io.deployer_units, release_start's retire)."""
-from deployer.ansible_plugins.module_utils.host_io import deployer_units
+from deployer.host.module_utils.host_io import deployer_units
 
 UNIT = "[Service]\nEnvironmentFile=/opt/deployer/releases/0123456789ab/vllm.env\nExecStart=/x\n"
 

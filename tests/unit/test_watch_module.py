@@ -2,13 +2,13 @@
 import json
 import sys
 
-from deployer.ansible_plugins.module_utils import engine_logs, host_io, load_rules, log_lines, root_causes
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+from deployer.host.module_utils import engine_logs, host_io, load_rules, log_lines, root_causes
+from deployer.host.module_utils.engine_logs import LoadState
 
 # Ansible ships module_utils to the host under ansible.module_utils.*; map them for an in-process import.
 for _mod in (engine_logs, host_io, load_rules, log_lines, root_causes):
     sys.modules.setdefault("ansible.module_utils." + _mod.__name__.rsplit(".", 1)[1], _mod)
-from deployer.ansible_plugins.modules import engine_watch  # noqa: E402
+from deployer.host.modules import engine_watch  # noqa: E402
 
 
 class FakeModule:

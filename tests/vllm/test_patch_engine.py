@@ -4,7 +4,7 @@ import hashlib
 
 import pytest
 
-from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+from deployer.host.module_utils import eagle3_patch as pe
 from helpers import ROOT
 
 pytestmark = pytest.mark.vllm
@@ -170,7 +170,7 @@ def test_apply_killed_mid_swap_is_finished_by_the_next_apply(vllm_src):
     code = f"""
 import os, sys
 sys.path.insert(0, {str(ROOT)!r})
-from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+from deployer.host.module_utils import eagle3_patch as pe
 real, swapped = pe._atomic_write, []
 def killer(path, data, mode=None):
     if ".deployer_patch" not in str(path):

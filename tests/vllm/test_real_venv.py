@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from deployer import engines
-from deployer.ansible_plugins.module_utils import eagle3_patch as pe
 from deployer.engines.vllm_argv import build_serve_argv
+from deployer.host.module_utils import eagle3_patch as pe
 from deployer.sandbox.checkpoints import write_drafter_dir, write_model_dir
 from helpers import CACHE, ROOT, need
 

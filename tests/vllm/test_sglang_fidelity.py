@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from deployer.ansible_plugins.module_utils import sglang_source
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+from deployer.host.module_utils import sglang_source
+from deployer.host.module_utils.engine_logs import LoadState
 from deployer.sandbox import sglang_standin
 from deployer.sandbox.checkpoints import write_model_dir
 from helpers import CACHE, ROOT, need

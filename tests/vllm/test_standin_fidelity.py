@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.ansible_plugins.module_utils.engine_logs import LoadState
+from deployer.host.module_utils.engine_logs import LoadState
 from deployer.sandbox import vllm_standin_log as standin
 from deployer.sandbox.checkpoints import write_model_dir
 from helpers import CACHE, ROOT, need

@@ -6,8 +6,8 @@ import glob
 import pytest
 
 from deployer import driver_floor as df
-from deployer.ansible_plugins.module_utils import fatbin
 from deployer.engines import get
+from deployer.host.module_utils import fatbin
 from helpers import CACHE, ROOT, need
 
 pytestmark = pytest.mark.vllm

@@ -30,7 +30,7 @@ from ansible.template import trust_as_template  # noqa: E402
 
 from deployer import noop  # noqa: E402
 from deployer.ansible_plugins.filter_plugins import deployer_filters as filters  # noqa: E402
-from deployer.ansible_plugins.modules import deployer_noop_check as doc  # noqa: E402
+from deployer.host.modules import deployer_noop_check as doc  # noqa: E402
 
 # the templates the render stage writes (roles/render/tasks/main.yml), rendered here only to be hashed
 TEMPLATES = ("engine.service.j2", "engine.env.j2")

@@ -30,8 +30,8 @@ from deployer import (  # noqa: E402
     settings_check,
     versions,
 )
-from deployer.ansible_plugins.module_utils import formats, spec_metrics  # noqa: E402
 from deployer.engines import argv  # noqa: E402
+from deployer.host.module_utils import formats, spec_metrics  # noqa: E402
 
 
 def parse_gpu_csv(text):

@@ -10,7 +10,7 @@ import os
 try:
     from ansible.module_utils.host_io import write_atomic  # on the host
 except ImportError:    # the controller
-    from deployer.ansible_plugins.module_utils.host_io import write_atomic
+    from deployer.host.module_utils.host_io import write_atomic
 
 
 def read_release(release_dir):
@@ -297,7 +297,7 @@ def host_state(root, service, target=None, want_secrets=False):
     try:
         from ansible.module_utils import envfile  # on the host (Ansible ships module_utils with the module)
     except ImportError:
-        from deployer.ansible_plugins.module_utils import envfile  # on the controller (tests)
+        from deployer.host.module_utils import envfile  # on the controller (tests)
     rels_dir = os.path.join(root, "releases")
     releases = []
     try:

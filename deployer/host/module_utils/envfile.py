@@ -15,7 +15,7 @@ import re
 try:
     from ansible.module_utils import formats
 except ImportError:           # imported as part of the deployer package (the controller)
-    from deployer.ansible_plugins.module_utils import formats
+    from deployer.host.module_utils import formats
 
 
 class EnvFileError(ValueError):

@@ -12,11 +12,11 @@ from __future__ import annotations
 try:
     from ansible.module_utils.log_lines import split_lines, strip_prefix  # on the host
 except ImportError:    # the controller
-    from deployer.ansible_plugins.module_utils.log_lines import split_lines, strip_prefix
+    from deployer.host.module_utils.log_lines import split_lines, strip_prefix
 try:
     from ansible.module_utils.load_rules import RULES, RULESETS, RX  # on the host
 except ImportError:    # the controller
-    from deployer.ansible_plugins.module_utils.load_rules import RULES, RULESETS, RX
+    from deployer.host.module_utils.load_rules import RULES, RULESETS, RX
 try:    # on the host
     from ansible.module_utils.root_causes import (
         ENGINE_GONE,
@@ -28,7 +28,7 @@ try:    # on the host
         silent_death,
     )
 except ImportError:    # the controller
-    from deployer.ansible_plugins.module_utils.root_causes import (
+    from deployer.host.module_utils.root_causes import (
         ENGINE_GONE,
         GENERIC_FATAL,
         WARN,

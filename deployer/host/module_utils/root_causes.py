@@ -10,7 +10,7 @@ import re
 try:
     from ansible.module_utils.log_lines import split_lines, strip_prefix  # on the host
 except ImportError:    # the controller
-    from deployer.ansible_plugins.module_utils.log_lines import split_lines, strip_prefix
+    from deployer.host.module_utils.log_lines import split_lines, strip_prefix
 
 # Lines that mean the server is going down.  Checked before the phase rules.  The specific kinds
 # name a root cause and win over the generic ones (GENERIC_FATAL) whatever the order they come in:

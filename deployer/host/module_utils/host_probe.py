@@ -11,8 +11,8 @@ try:    # on the host
     from ansible.module_utils.host_io import http_get, nvidia_devices, systemd_show
     from ansible.module_utils.releases import drafter_changed, edited_files, sha256_file
 except ImportError:    # the controller
-    from deployer.ansible_plugins.module_utils.host_io import http_get, nvidia_devices, systemd_show
-    from deployer.ansible_plugins.module_utils.releases import drafter_changed, edited_files, sha256_file
+    from deployer.host.module_utils.host_io import http_get, nvidia_devices, systemd_show
+    from deployer.host.module_utils.releases import drafter_changed, edited_files, sha256_file
 
 
 def _unit_props(service):
@@ -28,8 +28,8 @@ def _last_fatal(service, lines=600):
         from ansible.module_utils.log_lines import journal_entry  # on the host
         from ansible.module_utils.root_causes import root_cause
     except ImportError:
-        from deployer.ansible_plugins.module_utils.log_lines import journal_entry  # on the controller
-        from deployer.ansible_plugins.module_utils.root_causes import root_cause
+        from deployer.host.module_utils.log_lines import journal_entry  # on the controller
+        from deployer.host.module_utils.root_causes import root_cause
     try:
         out = subprocess.run(["journalctl", "-u", service + ".service", "-n", str(lines), "-o", "json", "--all",
                               "--no-pager", "--output-fields=MESSAGE,_SYSTEMD_INVOCATION_ID"],
@@ -112,7 +112,7 @@ def _venv_state(venv, patchable=True):
     try:
         from ansible.module_utils import eagle3_patch as pe
     except ImportError:
-        from deployer.ansible_plugins.module_utils import eagle3_patch as pe
+        from deployer.host.module_utils import eagle3_patch as pe
     try:
         st = pe.status(pe.vllm_root_of(venv))
         out.update(state=st.get("state"), fingerprint=st.get("fingerprint"), patches=st.get("applied") or [])
@@ -149,7 +149,7 @@ def status_view(state, crash_loop_restarts):
     try:
         from ansible.module_utils.spec_metrics import spec_decode_stats  # on the host
     except ImportError:
-        from deployer.ansible_plugins.module_utils.spec_metrics import spec_decode_stats  # on the controller
+        from deployer.host.module_utils.spec_metrics import spec_decode_stats  # on the controller
     pr = state.get("probe") or {}
     unit = pr.get("unit") or {}
     try:

@@ -16,7 +16,7 @@ import socket
 try:
     from ansible.module_utils.formats import FormatError, haproxy_word
 except ImportError:           # imported as part of the deployer package (the controller, the tests)
-    from deployer.ansible_plugins.module_utils.formats import FormatError, haproxy_word
+    from deployer.host.module_utils.formats import FormatError, haproxy_word
 
 
 class RuntimeError_(Exception):
