@@ -81,6 +81,13 @@ def test_a_host_left_drained_while_its_live_release_serves_is_put_back_by_a_no_o
         assert r.returncode == 0, r.stdout + r.stderr
         assert lb_admin() == {"sbx1": "ready", "sbx2": "ready", "sbx3": "maint"}
         assert {x: current(x) for x in GPU} == before and {x: main_pid(x) for x in GPU} == pids   # nothing deployed
+        # the same when the run takes the full path and finds the server serving (a server systemd brought back
+        # after the no-op's probe, under load: CI, 2026-12-06): nothing restarts, so this run drains nothing, and
+        # the smoke it passes puts back the host an earlier run left drained (it stayed drained, exit 0, before)
+        lb_set("sbx1", "drain")
+        r = deployer("up", "--sandbox", "--serial", "1", "--limit", "sbx1", "-e", "deployer_noop_check=false", *FAST)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert main_pid("sbx1") == pids["sbx1"] and lb_admin() == {"sbx1": "ready", "sbx2": "ready", "sbx3": "maint"}
         # a restart of the host in maint (its live release, a rotated token: drained first) leaves it in maint
         env = dict(os.environ, DEPLOYER_HF_TOKEN="hf_" + "m4int" * 6)
         r = deployer("up", "--sandbox", "--serial", "1", "--limit", "sbx3", *FAST, env=env)
