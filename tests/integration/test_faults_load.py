@@ -25,8 +25,10 @@ def test_00_a_good_deploy_serves():
     assert health() == "200"
 
 
-@pytest.mark.parametrize("phase", ["weights", "drafter", "compile", "kv_cache", "graphs", "api"])
-def test_crash_in_every_phase_is_seen_and_rolled_back(phase):
+# Two phases end to end (the shard bar cut short; a GPU-only phase); every phase the stand-in can die or stall in, read
+# by the watch from its own output: tests/unit/test_standin_process.py (the other four deploys cost the suite ~90 s).
+@pytest.mark.parametrize("phase", ["weights", "graphs"])
+def test_crash_in_a_phase_is_seen_and_rolled_back(phase):
     live, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
     arg = {"weights": "0.9501", "drafter": "0.9502", "compile": "0.9503", "kv_cache": "0.9504", "graphs": "0.9505",
            "api": "0.9506"}[phase]
@@ -42,7 +44,7 @@ def test_crash_in_every_phase_is_seen_and_rolled_back(phase):
     assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) != pid and health() == "200"
 
 
-@pytest.mark.parametrize("phase", ["weights", "drafter", "kv_cache", "graphs", "api"])   # compile: test_watch
+@pytest.mark.parametrize("phase", ["weights", "graphs"])   # compile: test_watch; the rest: test_standin_process
 def test_stall_in_a_phase_is_stopped_by_its_limit(phase):
     live = sh(H, "readlink /opt/deployer/current")
     arg = {"weights": "0.9511", "drafter": "0.9514", "kv_cache": "0.9512", "graphs": "0.9513", "api": "0.9515"}[phase]

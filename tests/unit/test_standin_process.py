@@ -28,20 +28,59 @@ def model(tmp_path_factory):
     return d
 
 
-def run(tmp_path, model, knobs, timeout=60):
+def argv(tmp_path, model, knobs):
+    """The stand-in's command and environment, with a drafter (its phase) that asks no supports_eagle3 (no vLLM in
+    this Python): an EAGLE-3 config without aux hidden states."""
     (tmp_path / "knobs.json").write_text(json.dumps(dict({"load_seconds": 0.6}, **knobs)))
+    drafter = tmp_path / "drafter"
+    drafter.mkdir(exist_ok=True)
+    (drafter / "config.json").write_text(json.dumps({"eagle_config": {"use_aux_hidden_state": False}}))
+    spec = json.dumps({"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3})
     env = {"PATH": "/usr/bin:/bin", "DEPLOYER_STANDIN_KNOBS": str(tmp_path / "knobs.json"),
            "DEPLOYER_STANDIN_STATE": str(tmp_path / "state")}
+    return [sys.executable, str(STANDIN), "serve", str(model), "--port", str(free_port()), "--host", "127.0.0.1",
+            "--speculative-config", spec], env
+
+
+def run(tmp_path, model, knobs, timeout=60):
+    cmd, env = argv(tmp_path, model, knobs)
     t0 = time.time()
-    p = subprocess.run([sys.executable, str(STANDIN), "serve", str(model), "--port", str(free_port()),
-                        "--host", "127.0.0.1"], capture_output=True, text=True, env=env, timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     return p, p.stdout + p.stderr, time.time() - t0
 
 
-def test_a_crash_in_a_load_phase_ends_with_vllms_root_cause(tmp_path, model):
-    p, out, _ = run(tmp_path, model, {"crash_phase": "weights"})
+@pytest.mark.parametrize("phase", ["weights", "drafter", "compile", "kv_cache", "graphs", "api"])
+def test_a_crash_in_each_load_phase_ends_with_vllms_root_cause_read_in_that_phase(tmp_path, model, phase):
+    """Every phase the load watch names (the sandbox's integration tests crash two: tests/integration/
+    test_faults_load.py): the stand-in dies there with vLLM's words, and the watch reads the phase and the cause."""
+    from deployer.host.module_utils.engine_logs import LoadState
+    p, out, _ = run(tmp_path, model, {"crash_phase": phase})
     assert p.returncode != 0 and "NameError" not in out, out[-3000:]
-    assert "CUDA out of memory" in out and "EngineCore failed to start." in out, out[-3000:]
+    assert "EngineCore failed to start." in out, out[-3000:]
+    st = LoadState()
+    st.feed(out, 1.0)
+    snap = st.snapshot(2.0)
+    assert snap["phase"] == phase and snap["fatal"], (phase, snap, out[-2000:])
+
+
+@pytest.mark.parametrize("phase", ["weights", "drafter", "kv_cache", "graphs", "api"])
+def test_a_stall_in_each_load_phase_is_silent_in_that_phase(tmp_path, model, phase):
+    """A stalled start (an NCCL deadlock, a wedged rank) goes silent in its phase, alive: what the watch's stall
+    limit judges (the integration tests stall two phases end to end)."""
+    from deployer.host.module_utils.engine_logs import LoadState
+    cmd, env = argv(tmp_path, model, {"stall_phase": phase})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        time.sleep(2)
+        assert proc.poll() is None, "the stalled stand-in exited"
+    finally:
+        proc.kill()
+        out = proc.communicate()[0].decode()
+    st = LoadState()
+    st.feed(out, 1.0)
+    snap = st.snapshot(2.0)
+    # the weights phase starts with the shard bar: a start silent after its first line is still "starting"
+    assert snap["phase"] == {"weights": "starting"}.get(phase, phase) and snap["fatal"] is None, (phase, snap, out)
 
 
 def test_a_crash_while_serving_ends_with_vllms_monitor_lines(tmp_path, model):
