@@ -1,14 +1,16 @@
-"""The newest vLLM release the measured matrix covers (deployer/data/compatibility.json, bench/compat_matrix.py)
-deploys and serves in the sandbox, verified by that release's own checks (issue 23): installed offline from the
-cache scripts/dev.sh prepares, native (no patches), its argument parser and config validation run on the rendered
-argv before the restart, its own supports_eagle3 answer in the journal, the smoke test through the API key."""
-import json
+"""A vLLM release newer than the measured matrix's newest supported one (deployer/data/compatibility.json,
+bench/compat_matrix.py) is refused by the plan before anything is installed (issue 23).
+
+That the newest measured release (0.33.0) deploys verified by its own checks was held here by a stand-in deploy of
+it (~140 s: an offline install of its ~10 GB venv and its checks on the host).  Since the sandbox serves the real
+engine, that job is the real vLLM's, end to end: tests/integration/test_real_engine.py (vLLM 0.32's CPU build,
+installed offline, verified by its own parser and config validation on the host, serving Kimi-K2.5's own class);
+0.33.0's own checks on the rendered argv run in tests/vllm/test_real_venv.py."""
 
 import pytest
 
 from deployer import versions
-from helpers import CACHE, need
-from sandbox_helpers import SVC, auth, flat, needs_sandbox, sandbox_hosts, sh, up, venv
+from sandbox_helpers import flat, needs_sandbox, sandbox_hosts, sh, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -26,30 +28,14 @@ def sandbox():
     yield from sandbox_hosts(1)
 
 
-def test_the_newest_measured_vllm_deploys_and_serves_verified_by_its_own_checks():
-    need((CACHE / "venvs" / f"vllm-{NEWEST}" / ".deployer-installed").exists(),
-         f"vLLM {NEWEST} (the matrix's newest) is prepared by scripts/dev.sh: the sandbox installs it offline")
-    r = up("-e", f"deployer_vllm_version={NEWEST}", timeout=1500)
-    assert r.returncode == 0, r.stdout + r.stderr
-    err = flat(r.stdout + r.stderr)
-    assert f"native support in vLLM {NEWEST}" in err, err
-    assert f"vLLM {NEWEST} accepts this launch" in err, err        # its own parser and config validation
-    rel = json.loads(sh(H, "cat /opt/deployer/current/release.json"))
-    assert rel["vllm_version"] == NEWEST and rel["patches"] == [] and rel["venv"] == venv(NEWEST)
-    assert f"supports_eagle3(KimiK25ForConditionalGeneration) = True (vLLM {NEWEST}" in sh(
-        H, f"journalctl -u {SVC} --no-pager")
-    assert rel["result"] == "live" and rel["acceptance_rate"] > 0, rel
-    assert sh(H, "curl -s -o /dev/null -w '%{http_code}' " + auth() + " localhost:8000/v1/models") == "200"
-
-
 @pytest.mark.skipif(not REFUSED_NEWER, reason="the matrix refuses no release newer than its newest supported one")
 def test_a_newer_release_the_matrix_refuses_is_refused_before_anything_is_installed():
     """A release the matrix refuses (until 2026-12-04 vLLM 0.34.0, whose EAGLE proposer the patch engine did not
     recognise): the deploy stops at the plan, before a ~10 GB install, naming why; nothing on the host changes (the
-    release the test above made stays live)."""
+    release live before, if any, stays live)."""
     v = REFUSED_NEWER[-1]
-    before = (sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/venvs"))
+    before = (sh(H, "readlink /opt/deployer/current || true"), sh(H, "ls /opt/deployer/venvs || true"))
     r = up("-e", f"deployer_vllm_version={v}")
     assert r.returncode == 3, r.stdout + r.stderr        # a preflight refusal, as for any plan error
     assert f"vLLM {v} cannot serve Kimi-K2.5 with EAGLE-3 as measured from its own wheel" in flat(r.stderr), r.stderr
-    assert (sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/venvs")) == before
+    assert (sh(H, "readlink /opt/deployer/current || true"), sh(H, "ls /opt/deployer/venvs || true")) == before

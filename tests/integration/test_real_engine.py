@@ -116,9 +116,12 @@ def test_a_rollback_returns_to_the_first_real_release():
     r = deployer("rollback", "--sandbox")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     done = stages(r.stderr, H)
-    assert done.get("start") == "changed" and "install" not in done
+    assert {"start", "watch", "smoke", "release"} <= set(done) and done["start"] == "changed", r.stderr
+    assert not {"install", "patch", "drafter", "verify"} & set(done), r.stderr     # no reinstall, no re-verify
     assert sh(H, "readlink /opt/deployer/current") == first and sh(H, "readlink /opt/deployer/previous") == second
     assert "mean acceptance length 4.0" in flat(r.stdout + r.stderr)
+    audit = [json.loads(x) for x in sh(H, "cat /opt/deployer/audit.jsonl").splitlines()]
+    assert audit[-1]["command"] == "rollback" and audit[-1]["result"] == "ok" and "watch" in audit[-1]["stage_seconds"]
 
 
 def test_a_misfit_drafter_is_refused_before_the_restart():

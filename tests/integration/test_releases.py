@@ -42,42 +42,25 @@ def audit():
     return [json.loads(x) for x in sh(H, "cat /opt/deployer/audit.jsonl").splitlines()]
 
 
-def test_up_noop_change_rollback():
+def test_up_then_noop_with_its_audit_and_views():
+    """A deploy, then the same again: no new release, nothing restarted, one audit line each (root's alone).  A
+    changed flag as a new release and the rollback to the first: the real engine's, tests/integration/
+    test_real_engine.py (the same job on the real vLLM; here it cost ~35 s more of the suite)."""
     r = up()
     assert r.returncode == 0, r.stderr
     first = sh(H, "readlink /opt/deployer/current")
-    first_argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
-    marker = sh(H, f"stat -c %Y {venv()}/.deployer-installed")
     pid = main_pid(H)
 
     r = up()  # no-op: no new release, nothing restarted
     assert r.returncode == 0 and "unchanged, nothing restarted" in r.stdout
     assert releases() == [first.rsplit("/", 1)[1]] and main_pid(H) == pid
     assert audit()[-1]["changed"] is False and audit()[-1]["result"] == "ok"
+    assert audit()[-2]["command"] == "up" and audit()[-2]["changed"] is True and "watch" in audit()[-2]["stage_seconds"]
     assert sh(H, "stat -c %a /opt/deployer/audit.jsonl") == "600"   # the no-op's own append: root's alone
-
-    r = up("-e", "deployer_max_model_len=65536", *FAST)  # a changed flag: a new release (verify: test_real_host)
-    assert r.returncode == 0, r.stderr
-    second = sh(H, "readlink /opt/deployer/current")
-    assert second != first and len(releases()) == 2
-    assert sh(H, "readlink /opt/deployer/previous") == first
-    assert "65536" in json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"]
-
-    r = deployer("rollback", "--sandbox")
-    assert r.returncode == 0, r.stderr
-    done = stages(r.stderr, H)
-    assert {"start", "watch", "smoke", "release"} <= set(done) and done["start"] == "changed", r.stderr
-    assert not {"install", "patch", "drafter", "verify"} & set(done), r.stderr     # no reinstall, no re-verify
-    assert sh(H, "readlink /opt/deployer/current") == first
-    assert sh(H, "readlink /opt/deployer/previous") == second
-    assert json.loads(sh(H, "cat /run/deployer-standin/argv.json"))["argv"] == first_argv[2:]
-    assert sh(H, f"stat -c %Y {venv()}/.deployer-installed") == marker
-    last = audit()[-1]
-    assert last["command"] == "rollback" and last["result"] == "ok" and "watch" in last["stage_seconds"]
 
     r = deployer("releases", "--sandbox", "--json")
     data = json.loads(r.stdout)[H]
-    assert data["current"] == first.rsplit("/", 1)[1] and len(data["releases"]) == 2
+    assert data["current"] == first.rsplit("/", 1)[1] and len(data["releases"]) == 1
     r = deployer("status", "--sandbox", "--json")
     st = json.loads(r.stdout)[H]
     assert st["health"] == 200 and st["spec"]["acceptance_rate"] > 0 and len(st["gpu_memory_used_mib"]) == 8

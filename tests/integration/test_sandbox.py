@@ -278,7 +278,7 @@ def test_07_api_key_protects_the_server_and_never_shows():
 
 def test_08_native_vllm_serves_without_patches():
     # vLLM's own checks are not what this is about (the stand-in asks 0.18.0's own supports_eagle3, asserted below;
-    # the verify stage on a native release: test_engine_versions.py); they cost ~27 CPU-s and ~25 s here
+    # the verify stage on a native release: the real engine, test_real_engine.py); they cost ~27 CPU-s and ~25 s here
     r = up("-e", "deployer_vllm_version=0.18.0", *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "native support in vLLM 0.18.0" in flat(r.stderr)
