@@ -1,5 +1,6 @@
 """Judgements of what preflight reads of a GPU host's kernel setup (module preflight_facts: ``nvidia_nodes``,
-``iommu``), pure: what would make the load hang or CUDA fail after the restart, said before it.
+``iommu`` with its ``acs``: module_utils/pci_acs.py), pure: what would make the load hang or CUDA fail after the
+restart, said before it.
 
 - PCIe peer-to-peer through an IOMMU that translates DMA: NCCL's first all-reduce hangs with no log line on many
   multi-GPU PCIe hosts (vllm#33041, a TP=2 RTX PRO 6000 hang fixed by amd_iommu=off / ACS off, or worked around with
@@ -36,6 +37,22 @@ def p2p_risks(iommu: dict, env: dict) -> list[str]:
                    f"peer-to-peer{' at NCCL_P2P_LEVEL=' + str(level) if level else ''}: on many PCIe hosts its first "
                    "all-reduce then hangs with no log line (vllm#33041; the watch's 'starting' limit rolls it back). "
                    "Boot with iommu=pt (and ACS off), or set NCCL_P2P_DISABLE: '1' in deployer_nccl_env")
+    acs = iommu.get("acs") or {}
+    bridges = {}
+    for r in acs.get("redirecting") or []:
+        bridges.setdefault(r.get("bridge"), r)
+    if bridges and not p2p_off:
+        translated = int(iommu.get("devices") or 0) > 0 and not IOMMU_PASS.search(cmdline)
+        shown = ", ".join(f"{b} ({r.get('port') or 'bridge'}: {' '.join(r.get('flags') or [])})"
+                          for b, r in sorted(bridges.items())[:4]) + (" ..." if len(bridges) > 4 else "")
+        out.append(f"NCCL: PCIe ACS redirects peer-to-peer on {len(bridges)} bridge(s) above the GPUs (measured: "
+                   f"{shown}): GPU-to-GPU traffic goes up to the root complex"
+                   f"{', through the IOMMU that translates DMA here' if translated else ''}, where on many PCIe hosts "
+                   "NCCL's first all-reduce hangs with no log line. Disable ACS on them (as root: setpci -s <bridge> "
+                   "ECAP_ACS+0x6.w=0000, or in the BIOS), or set NCCL_P2P_DISABLE: '1' in deployer_nccl_env")
+    if acs.get("gpus") and acs.get("unreadable") and not p2p_off:
+        out.append(f"PCIe ACS: not measured on {len(acs['unreadable'])} bridge(s) above the GPUs (configuration space "
+                   f"unreadable: {', '.join(acs['unreadable'][:4])})")
     hmm = iommu.get("uvm_disable_hmm")
     if hmm is not None and str(hmm) not in ("1", "Y", "y"):
         out.append(f"nvidia_uvm: measured uvm_disable_hmm={hmm}; multi-GPU RTX PRO 6000 hosts are run with 1 "

@@ -31,3 +31,78 @@ def test_uvm_hmm_on_is_warned_and_an_unloaded_module_is_not():
     assert "uvm_disable_hmm=N" in p2p_risks({"devices": 0, "uvm_disable_hmm": "N"}, SYS)[0]
     assert p2p_risks({"devices": 0, "uvm_disable_hmm": "1"}, SYS) == []
     assert p2p_risks({"devices": 0, "uvm_disable_hmm": None}, SYS) == []
+
+
+def _config(port=None, acs=None, size=4096):
+    """A device's configuration space as sysfs gives it to root: the PCI Express capability (its port type) in the
+    standard list at 0x40, and from 0x100 AER then ACS (its control register at +6), as PCIe lays them out."""
+    c = bytearray(size)
+    c[0:2], c[6:8] = (0x10B5).to_bytes(2, "little"), (0x0010).to_bytes(2, "little")   # a PLX vendor id; cap list
+    if size >= 0x44:
+        c[0x34] = 0x40
+        c[0x40], c[0x41] = 0x10, 0                                       # PCI Express capability, last in the list
+        c[0x42:0x44] = ((port or 0) << 4 | 2).to_bytes(2, "little")
+    if size > 0x150:
+        c[0x100:0x104] = (0x0001 | 1 << 16 | 0x148 << 20).to_bytes(4, "little")    # AER, next 0x148
+        if acs is not None:
+            c[0x148:0x14C] = (0x000D | 1 << 16).to_bytes(4, "little")            # ACS, the last
+            c[0x14E:0x150] = acs.to_bytes(2, "little")
+    return bytes(c)
+
+
+def _sysfs(tmp_path, tree):
+    """tree: {path of addresses from the root port down: (vendor, class, config)} -> /sys/bus/pci/devices."""
+    devices = tmp_path / "bus" / "pci" / "devices"
+    devices.mkdir(parents=True)
+    for chain, (vendor, cls, config) in tree.items():
+        d = tmp_path / "devices" / "pci0000:00"
+        for addr in chain.split("/"):
+            d = d / addr
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "class").write_text(cls + "\n")
+        (d / "config").write_bytes(config)
+        (devices / chain.split("/")[-1]).symlink_to(d)
+    return str(devices)
+
+
+def test_pcie_acs_that_redirects_peer_to_peer_above_the_gpus_is_said_with_the_bridges_and_what_to_change(tmp_path):
+    from deployer.host.module_utils import pci_acs
+    redirect = 0x001D          # lspci: ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+
+    devices = _sysfs(tmp_path, {
+        "0000:00:01.1": ("0x1022", "0x060400", _config(port=0x4, acs=redirect)),
+        "0000:00:01.1/0000:01:00.0": ("0x10b5", "0x060400", _config(port=0x5)),
+        "0000:00:01.1/0000:01:00.0/0000:02:08.0": ("0x10b5", "0x060400", _config(port=0x6, acs=redirect)),
+        "0000:00:01.1/0000:01:00.0/0000:02:10.0": ("0x10b5", "0x060400", _config(port=0x6, acs=0x0001)),
+        "0000:00:01.1/0000:01:00.0/0000:02:08.0/0000:03:00.0": ("0x10de", "0x030200", _config()),
+        "0000:00:01.1/0000:01:00.0/0000:02:10.0/0000:04:00.0": ("0x10de", "0x030000", _config()),
+        "0000:00:01.1/0000:01:00.0/0000:02:10.0/0000:04:00.1": ("0x10de", "0x040300", _config()),   # its audio
+    })
+    rep = pci_acs.acs_report(devices)
+    assert rep["gpus"] == 2 and rep["unreadable"] == []
+    assert [(r["gpu"], r["bridge"], r["port"]) for r in rep["redirecting"]] == [
+        ("0000:03:00.0", "0000:02:08.0", "switch downstream port"), ("0000:03:00.0", "0000:00:01.1", "root port"),
+        ("0000:04:00.0", "0000:00:01.1", "root port")]
+    assert rep["redirecting"][0]["flags"] == ["SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"]
+    said = p2p_risks({"devices": 0, "cmdline": "ro", "acs": rep}, SYS)
+    assert len(said) == 1 and "PCIe ACS redirects peer-to-peer on 2 bridge(s) above the GPUs" in said[0], said
+    assert "0000:02:08.0 (switch downstream port: SrcValid ReqRedir CmpltRedir UpstreamFwd)" in said[0]
+    assert "ECAP_ACS+0x6.w=0000" in said[0] and "through the IOMMU" not in said[0]
+    assert "through the IOMMU that translates DMA here" in p2p_risks({"devices": 2, "cmdline": "ro", "acs": rep},
+                                                                      SYS)[1]
+    assert p2p_risks({"devices": 0, "acs": rep}, dict(SYS, NCCL_P2P_DISABLE="1")) == []
+
+
+def test_pcie_acs_not_read_is_said_and_a_broken_capability_list_ends(tmp_path):
+    from deployer.host.module_utils import pci_acs
+    devices = _sysfs(tmp_path, {
+        "0000:00:03.1": ("0x1022", "0x060400", _config(port=0x4, size=64)),        # not root: 64 bytes
+        "0000:00:03.1/0000:05:00.0": ("0x10de", "0x030200", _config()),
+    })
+    rep = pci_acs.acs_report(devices)
+    assert rep == {"gpus": 1, "redirecting": [], "unreadable": ["0000:00:03.1"]}
+    assert "not measured on 1 bridge(s)" in p2p_risks({"devices": 0, "acs": rep}, SYS)[0]
+    looped = bytearray(_config(port=0x4))
+    looped[0x100:0x104] = (0x0001 | 1 << 16 | 0x100 << 20).to_bytes(4, "little")      # AER pointing at itself
+    assert pci_acs.acs_control(bytes(looped)) is None and pci_acs.acs_control(b"") is None
+    assert pci_acs.acs_report(str(tmp_path / "none")) == {"gpus": 0, "redirecting": [], "unreadable": []}

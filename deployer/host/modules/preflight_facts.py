@@ -129,7 +129,8 @@ iommu:
   description:
     - What decides whether PCIe peer-to-peer between the GPUs passes an IOMMU - C(devices), the entries of
       /sys/class/iommu; C(cmdline), the kernel command line; C(uvm_disable_hmm), nvidia_uvm's parameter (null when
-      the module is not loaded).
+      the module is not loaded); C(acs), PCIe ACS on the bridges above each NVIDIA GPU (C(gpus), C(redirecting) - gpu,
+      bridge, port, flags of each bridge whose ACS redirects peer-to-peer -, C(unreadable)).
   returned: with model_dir
   type: dict
 service_user_exists:
@@ -177,6 +178,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.host_io import deployer_units, nvidia_devices
+from ansible.module_utils.pci_acs import acs_report
 from ansible.module_utils.safetensors_header import check_shards
 
 SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used,compute_cap,mig.mode.current",
@@ -323,7 +325,7 @@ def iommu():
         devices = 0
     hmm = read_text("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm", 64)
     return dict(devices=devices, cmdline=(read_text("/proc/cmdline", 65536) or "").strip(),
-                uvm_disable_hmm=hmm.strip() if hmm is not None else None)
+                uvm_disable_hmm=hmm.strip() if hmm is not None else None, acs=acs_report())
 
 
 def main():
