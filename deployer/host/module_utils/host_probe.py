@@ -21,7 +21,7 @@ def _unit_props(service):
 
 
 def _last_fatal(service, lines=600):
-    """The root cause of the newest run of the unit that logged one (module_utils engine_logs.root_cause over each
+    """The root cause of the newest run of the unit that logged one (module_utils root_causes.root_cause over each
     systemd invocation of the journal's last ``lines``): {kind, line, runs_ago (0: the run now), at (epoch s)}."""
     import subprocess
     try:

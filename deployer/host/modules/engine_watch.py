@@ -182,7 +182,7 @@ def journal(module, service, invocation):
 
 
 def _advice(fatal):
-    """What to change for this root cause (engine_logs.advice), as a clause of the reason; "" when none."""
+    """What to change for this root cause (root_causes.advice), as a clause of the reason; "" when none."""
     text = advice(fatal["kind"], fatal["line"]) if fatal else ""
     return " (%s)" % text if text else ""
 
