@@ -46,13 +46,9 @@ class SGLang(Engine):
             "speculative": ({"model": drafter["dir"], "num_steps": s["num_speculative_tokens"],
                              "eagle_topk": s["sglang_eagle_topk"],
                              "num_draft_tokens": s.get("sglang_num_draft_tokens") or 0} if drafter else {}),
-            "attention_backend": s["sglang_attention_backend"],
+            # every row of sglang_argv.FLAGS from its setting (a new flag needs no line here)
+            **{key: s.get(setting) for key, setting, _flags, _render in sglang_argv.FLAGS if setting in s},
             "draft_attention_backend": s["sglang_draft_attention_backend"],
-            "kv_cache_dtype": s["sglang_kv_cache_dtype"],
-            "mem_fraction_static": s.get("sglang_mem_fraction_static") or 0,
-            "tool_call_parser": s["sglang_tool_call_parser"],
-            "reasoning_parser": s["sglang_reasoning_parser"],
-            "language_model_only": bool(s.get("sglang_language_model_only")),
             "secrets_file": (f"{CREDENTIALS_TOKEN}/{sglang_argv.SECRETS_FILE}" if credentials else ""),
             "extra_args": s.get("sglang_extra_args") or [],
         })

@@ -22,14 +22,6 @@ from deployer.engines.argv import CREDENTIALS_TOKEN, ServeConfigError, check_ext
 # unit's credentials directory; the unit writer turns it into systemd's ``%d`` specifier.
 SECRETS_FILE = "sglang-secrets.yaml"
 
-MANAGED_FLAGS = (
-    "--model-path", "--model", "--served-model-name", "--host", "--port", "--tp-size", "--tensor-parallel-size",
-    "--tp", "--trust-remote-code", "--speculative-algorithm", "--speculative-draft-model-path",
-    "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
-    "--attention-backend", "--speculative-draft-attention-backend", "--kv-cache-dtype", "--mem-fraction-static",
-    "--context-length", "--tool-call-parser", "--reasoning-parser", "--api-key", "--enable-metrics", "--config",
-    "--language-model-only", "--device",
-)
 # sm_120 (RTX PRO 6000 Blackwell): MLA attention runs on triton; these do not (trtllm_mla: prefill crashes with
 # "Unsupported architecture" though SGLang's own check lets SM12x through; cutedsl_mla: SM100 only; fa3, flashmla:
 # no sm_120 kernels).  SGLang's checks see "no GPU" when run GPU-less, so they cannot catch this before the load.
@@ -93,6 +85,58 @@ def _pos_int(spec: dict, key: str, lo: int = 1, hi: int = 1 << 30) -> int:
     return v
 
 
+_IDENT = re.compile(r"^[a-z0-9_]{1,40}$")
+
+
+def _name(key, v):
+    if v and not _IDENT.match(str(v)):
+        raise ServeConfigError(f"sglang_{key}: got {v!r}, expected a name like triton or kimi_k2")
+    return v
+
+
+def _optional_name(key, flag, v):
+    """A backend or parser by name; "" leaves SGLang's own."""
+    return [flag, v] if _name(key, v) else []
+
+
+def _kv_cache_dtype(key, flag, v):
+    return [flag, _name(key, v) or "auto"]      # always said: "auto" is SGLang's default, written out
+
+
+def _mem_fraction(key, flag, v):
+    v = v or 0
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= float(v) < 1:
+        raise ServeConfigError(f"sglang_{key}: got {v!r}, expected a number in (0, 1), or 0 for SGLang's own choice")
+    return [flag, repr(float(v))] if v else []
+
+
+def _switch(key, flag, v):
+    return [flag] if v else []
+
+
+# The launch flags after the speculative block, in argv order: (key, setting, flags, render).  ``key`` is the spec's,
+# ``setting`` the deployer_<setting> it comes from (engines/sglang.py passes every row's on), the first flag is the
+# one written, the rest its aliases; ``render(key, flag, value)`` gives the words or refuses the value.  A new SGLang
+# launch-flag setting is a row here and its default in roles/deployer/defaults/main.yml.
+FLAGS = (
+    ("attention_backend", "sglang_attention_backend", ("--attention-backend",), _optional_name),
+    ("kv_cache_dtype", "sglang_kv_cache_dtype", ("--kv-cache-dtype",), _kv_cache_dtype),
+    ("mem_fraction_static", "sglang_mem_fraction_static", ("--mem-fraction-static",), _mem_fraction),
+    ("tool_call_parser", "sglang_tool_call_parser", ("--tool-call-parser",), _optional_name),
+    ("reasoning_parser", "sglang_reasoning_parser", ("--reasoning-parser",), _optional_name),
+    ("language_model_only", "sglang_language_model_only", ("--language-model-only",), _switch),
+)
+# Flags the deployer owns (extra args may not set them again): the model, name, address and parallelism, the
+# context length, remote code, the speculative block, the table's, the metrics it reads, the key's YAML (--config:
+# it could set any of them), the device.
+MANAGED_FLAGS = (("--model-path", "--model", "--served-model-name", "--host", "--port", "--tp-size",
+                  "--tensor-parallel-size", "--tp", "--context-length", "--trust-remote-code",
+                  "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+                  "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-draft-attention-backend")
+                 + tuple(f for _key, _setting, flags, _render in FLAGS for f in flags)
+                 + ("--api-key", "--enable-metrics", "--config", "--device"))
+
+
 def build_sglang_argv(spec: dict) -> list[str]:
     """Validate ``spec`` and return the full argv, launcher first.
 
@@ -106,16 +150,8 @@ def build_sglang_argv(spec: dict) -> list[str]:
     ctx = spec.get("context_length")
     if ctx is not None:
         _pos_int(spec, "context_length")
-    ident = re.compile(r"^[a-z0-9_]{1,40}$")
-    for key in ("attention_backend", "draft_attention_backend", "kv_cache_dtype", "tool_call_parser",
-                "reasoning_parser"):
-        v = spec.get(key) or ""
-        if v and not ident.match(str(v)):
-            raise ServeConfigError(f"sglang_{key}: got {v!r}, expected a name like triton or kimi_k2")
-    mfs = spec.get("mem_fraction_static") or 0
-    if not isinstance(mfs, (int, float)) or isinstance(mfs, bool) or not 0 <= float(mfs) < 1:
-        raise ServeConfigError(f"sglang_mem_fraction_static: got {mfs!r}, expected a number in (0, 1), or 0 for "
-                               "SGLang's own choice")
+    _name("draft_attention_backend", spec.get("draft_attention_backend") or "")
+    words = [w for key, _setting, flags, render in FLAGS for w in render(key, flags[0], spec.get(key))]
     extra = check_extra_args(spec.get("extra_args") or [], MANAGED_FLAGS, "sglang_extra_args", (CREDENTIALS_TOKEN,),
                              "the secret file")
 
@@ -142,16 +178,7 @@ def build_sglang_argv(spec: dict) -> list[str]:
         if spec.get("draft_attention_backend"):
             # the drafter inherits the target's backend unless told (SGLang #23490): say it explicitly
             argv += ["--speculative-draft-attention-backend", spec["draft_attention_backend"]]
-    if spec.get("attention_backend"):
-        argv += ["--attention-backend", spec["attention_backend"]]
-    argv += ["--kv-cache-dtype", spec.get("kv_cache_dtype") or "auto"]
-    if mfs:
-        argv += ["--mem-fraction-static", repr(float(mfs))]
-    for flag, key in (("--tool-call-parser", "tool_call_parser"), ("--reasoning-parser", "reasoning_parser")):
-        if spec.get(key):
-            argv += [flag, spec[key]]
-    if spec.get("language_model_only"):
-        argv.append("--language-model-only")
+    argv += words
     argv.append("--enable-metrics")
     if spec.get("secrets_file"):
         argv += ["--config", spec["secrets_file"]]
