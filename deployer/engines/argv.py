@@ -106,6 +106,11 @@ def common_spec(s: dict, venv: str, program: str) -> dict:
             "host": s["host"], "port": s["port"], "tensor_parallel_size": s["tensor_parallel_size"]}
 
 
+def switch_flag(key: str, flag: str, value: Any) -> list[str]:
+    """A flag-table render (vllm_argv.FLAGS, sglang_argv.FLAGS) for a boolean setting: the flag when true."""
+    return [flag] if value else []
+
+
 def num_word(x: float) -> str:
     s = repr(float(x))
     return s[:-2] if s.endswith(".0") else s

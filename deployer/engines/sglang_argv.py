@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from deployer.engines.argv import CREDENTIALS_TOKEN, ServeConfigError, check_extra_args, common_fields
+from deployer.engines.argv import CREDENTIALS_TOKEN, ServeConfigError, check_extra_args, common_fields, switch_flag
 
 # The API key is never on the command line (the process list is world-readable): SGLang has no environment
 # variable for it, so it goes in a YAML file SGLang merges with ``--config`` (srt/utils/server_args_config_parser.py),
@@ -110,10 +110,6 @@ def _mem_fraction(key, flag, v):
     return [flag, repr(float(v))] if v else []
 
 
-def _switch(key, flag, v):
-    return [flag] if v else []
-
-
 # The launch flags after the speculative block, in argv order: (key, setting, flags, render).  ``key`` is the spec's,
 # ``setting`` the deployer_<setting> it comes from (engines/sglang.py passes every row's on), the first flag is the
 # one written, the rest its aliases; ``render(key, flag, value)`` gives the words or refuses the value.  A new SGLang
@@ -124,7 +120,7 @@ FLAGS = (
     ("mem_fraction_static", "sglang_mem_fraction_static", ("--mem-fraction-static",), _mem_fraction),
     ("tool_call_parser", "sglang_tool_call_parser", ("--tool-call-parser",), _optional_name),
     ("reasoning_parser", "sglang_reasoning_parser", ("--reasoning-parser",), _optional_name),
-    ("language_model_only", "sglang_language_model_only", ("--language-model-only",), _switch),
+    ("language_model_only", "sglang_language_model_only", ("--language-model-only",), switch_flag),
 )
 # Flags the deployer owns (extra args may not set them again): the model, name, address and parallelism, the
 # context length, remote code, the speculative block, the table's, the metrics it reads, the key's YAML (--config:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deployer.engines.argv import ServeConfigError, check_extra_args, common_fields, num_word
+from deployer.engines.argv import ServeConfigError, check_extra_args, common_fields, num_word, switch_flag
 
 # vLLM's LoadConfig.safetensors_load_strategy (vllm/config/load.py) and the default loader's only extra keys
 # (DefaultModelLoader.__init__: {"enable_multithread_load", "num_threads"},
@@ -51,10 +51,6 @@ def _count(key, flag, v):
     return [flag, str(v)]
 
 
-def _switch(key, flag, v):
-    return [flag] if v else []
-
-
 def _speculative(key, flag, sp):
     if not sp:
         return []
@@ -90,7 +86,7 @@ FLAGS = (
     ("gpu_memory_utilization", ("--gpu-memory-utilization",), _fraction),
     ("max_model_len", ("--max-model-len",), _count),
     ("max_num_seqs", ("--max-num-seqs",), _count),
-    ("trust_remote_code", ("--trust-remote-code",), _switch),
+    ("trust_remote_code", ("--trust-remote-code",), switch_flag),
     ("speculative", ("--speculative-config", "-sc"), _speculative),
     ("safetensors_load_strategy", ("--safetensors-load-strategy",), _load_strategy),
     ("model_loader_extra_config", ("--model-loader-extra-config",), _loader_extra),
