@@ -7,6 +7,10 @@ restart, said before it.
   NCCL_P2P_DISABLE=1); the deployer's default NCCL_P2P_LEVEL=SYS asks for P2P across every switch.
 - nvidia_uvm's heterogeneous memory management: the RTX PRO 6000 community sets ``uvm_disable_hmm=1`` on these
   multi-GPU hosts against the same start-up deadlock.
+- ``nvidia-smi topo -p2p r``, the driver's own word on which GPU pairs can read each other's memory: a pair it
+  does not report OK (CNS chipset, GNS GPU, TNS topology not supported) is never peer-to-peer for NCCL, which moves
+  that pair's traffic through host memory (a slower all-reduce, not a hang); OK everywhere does not rule the IOMMU
+  hang out (local-inference-lab/rtx6kpro#15: it hung with OK everywhere), the canary's all-reduce does.
 - The device nodes: the hardened unit can neither load a module nor create a node (NoNewPrivileges stops the setuid
   nvidia-modprobe), so /dev/nvidiactl, /dev/nvidia-uvm and one /dev/nvidiaN per GPU must exist before it starts.
 """
@@ -16,6 +20,39 @@ import re
 
 # kernel parameters under which devices' DMA is not translated (passthrough) or the IOMMU is off
 IOMMU_PASS = re.compile(r"(^|\s)(iommu=(pt|off)|amd_iommu=off|intel_iommu=off)(\s|$)")
+
+
+# nvidia-smi's legend for the P2P status matrix (`nvidia-smi topo -p2p r`)
+P2P_STATUS = {"OK": "Status Ok", "CNS": "Chipset not supported", "GNS": "GPU not supported",
+              "TNS": "Topology not supported", "NS": "Not supported", "U": "Unknown"}
+
+
+def p2p_matrix(text: str | None) -> dict | None:
+    """``nvidia-smi topo -p2p r`` read: {"gpus": [GPU0, ...], "pairs": {(i, j): status}} for every pair i < j (the
+    status both ways when they differ, 'OK/CNS'), None when the text holds no matrix (an older driver, no GPUs).
+    What nvidia-smi prints is data: only the legend's codes are kept, anything else is 'U'."""
+    rows = {}
+    head = None
+    for line in (text or "").splitlines():
+        cells = line.split()
+        if not cells:
+            if head and rows:
+                break
+            continue
+        if head is None and all(re.fullmatch(r"GPU\d{1,3}", c) for c in cells):
+            head = cells
+            continue
+        if head and re.fullmatch(r"GPU\d{1,3}", cells[0]) and len(cells) == len(head) + 1:
+            rows[cells[0]] = cells[1:]
+    if not head or set(rows) != set(head):
+        return None
+    pairs = {}
+    for i, a in enumerate(head):
+        for j in range(i + 1, len(head)):
+            there, back = (rows[a][j], rows[head[j]][i])
+            there, back = (x if x in P2P_STATUS else "U" for x in (there, back))
+            pairs[(i, j)] = there if there == back else f"{there}/{back}"
+    return {"gpus": head, "pairs": pairs}
 
 
 def missing_nodes(nodes: list[str], gpu_count: int) -> list[str]:
@@ -53,6 +90,17 @@ def p2p_risks(iommu: dict, env: dict) -> list[str]:
     if acs.get("gpus") and acs.get("unreadable") and not p2p_off:
         out.append(f"PCIe ACS: not measured on {len(acs['unreadable'])} bridge(s) above the GPUs (configuration space "
                    f"unreadable: {', '.join(acs['unreadable'][:4])})")
+    topo = p2p_matrix(iommu.get("topo_p2p"))
+    bad = {k: v for k, v in (topo or {}).get("pairs", {}).items() if v != "OK"}
+    if bad and not p2p_off:
+        shown = ", ".join(f"GPU{i}-GPU{j} {v}" for (i, j), v in sorted(bad.items())[:6]) + (" ..." if len(bad) > 6
+                                                                                           else "")
+        legend = ", ".join(f"{c} = {P2P_STATUS[c]}" for c in sorted({c for v in bad.values() for c in v.split("/")
+                                                                     if c != "OK"}))
+        out.append(f"NCCL: nvidia-smi topo -p2p r reports no peer-to-peer reads for {len(bad)} of "
+                   f"{len(topo['pairs'])} GPU pairs (measured: {shown}; {legend}), expected OK for every pair: "
+                   "NCCL moves those pairs' traffic through host memory, a slower all-reduce (the canary measures "
+                   "its bus bandwidth), not a hang")
     hmm = iommu.get("uvm_disable_hmm")
     if hmm is not None and str(hmm) not in ("1", "Y", "y"):
         out.append(f"nvidia_uvm: measured uvm_disable_hmm={hmm}; multi-GPU RTX PRO 6000 hosts are run with 1 "

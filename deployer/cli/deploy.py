@@ -44,6 +44,21 @@ def lock_note(holder: dict) -> str:
     return f"held from {holder.get('controller')}; if that run died, `deployer unlock` removes it"
 
 
+def _speculation_note(host: str, r: dict) -> None:
+    """Whether EAGLE-3 paid on this host: after a deploy that measured tokens per second, one line; a warning when
+    it was slower than the host's own release without it."""
+    from deployer.host.module_utils.spec_payoff import describe
+    payoff = r.get("speculation_payoff")
+    if r.get("tokens_per_second") is None or not r.get("restarted") or (not payoff and not r.get("speculative")):
+        return
+    line = f"{host}: {describe(payoff, bool(r.get('speculative')))}"
+    if payoff and not payoff.get("pays"):
+        err.print(f"[bold yellow]warning[/]: {lit(line)}; -e deployer_speculative_enabled=false serves without it",
+                  highlight=False)
+    else:
+        out.print(lit(line), highlight=False)
+
+
 def report(res: Result, as_json: bool, what: str) -> int:
     """Print the outcome (human or one JSON line) and return the exit code."""
     code = res.exit_code()
@@ -74,6 +89,7 @@ def report(res: Result, as_json: bool, what: str) -> int:
             acc = (f"; EAGLE-3 acceptance rate {r['acceptance_rate']}, mean acceptance length "
                    f"{r.get('mean_acceptance_length')}") if r.get("acceptance_rate") is not None else ""
             out.print(f"[bold green]{lit(h)}[/]: release {lit(r.get('release') or '?')} {state}{lit(acc)}")
+            _speculation_note(h, r)
     if res.refusal():
         who = "refused before any playbook ran" if res.status == "refused" else "ansible-playbook refused to run"
         err.print(f"[bold red]{who}[/] (nothing was changed):", highlight=False)

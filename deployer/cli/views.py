@@ -81,6 +81,13 @@ def _kv(r: dict) -> str:
     return shown + (f" ({planned:,})" if isinstance(planned, int) else "")
 
 
+def _gain(payoff) -> str:
+    """EAGLE-3's speed-up over the host's own release without it: 'x1.42', 'x0.81 slower', '-' (unmeasured)."""
+    if not isinstance(payoff, dict) or payoff.get("speedup") is None:
+        return "-"
+    return f"x{payoff['speedup']:.2f}" + ("" if payoff.get("pays") else " slower")
+
+
 def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
              inventory: Inventory = None, sandbox: Sandbox = False, limit: Limit = None,
              extra: Extra = None, as_json: Json = False, trust_new_host: TrustNew = False):
@@ -93,7 +100,7 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
     for h, st in sorted(data.items()):
         t = Table(title=f"{lit(h)}: releases")
         for c in ("", "id", "engine", "patch", "result", "deployed", "down s", "load s", "prewarm s", "compile",
-                  "KV tokens (plan)", "accept", "tok/s", "API"):
+                  "KV tokens (plan)", "accept", "tok/s", "EAGLE-3 gain", "API"):
             t.add_column(c, no_wrap=True)
         for r in st.get("releases", []):   # newest first (deployer_state sorts them)
             mark = "live" if r["id"] == st.get("current") else ("prev" if r["id"] == st.get("previous") else "")
@@ -101,7 +108,8 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
                 mark, r["id"], _engine(r), str(r.get("patch_fingerprint") or "native")[:12],
                 str(r.get("result") or "-"), _ts(r.get("deployed_at")), _num((r.get("downtime") or {}).get("seconds")),
                 _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
-                _kv(r), _num(r.get("acceptance_rate")), _num(r.get("tokens_per_second")))),
+                _kv(r), _num(r.get("acceptance_rate")), _num(r.get("tokens_per_second")),
+                _gain(r.get("speculation_payoff")))),
                       _api(r.get("api_protected")))
         out.print(t)
         if st.get("lock"):

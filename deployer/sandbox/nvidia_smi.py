@@ -5,6 +5,7 @@ Answers the queries the deployer makes, in nvidia-smi's CSV format:
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits
   nvidia-smi -L
+  nvidia-smi topo -p2p r      (the P2P read status matrix; "p2p": {"i,j": "CNS", ...} marks pairs not OK)
 The GPU set comes from /etc/deployer-sandbox/gpus.json ({"count", "name", "memory_mib",
 "driver", "used_mib" and "mig" (one value, or a list per GPU), "driver_loaded"}), so tests can
 rehearse a host with 7 GPUs, an old driver, busy GPUs, a GPU in MIG mode, or a driver that is not loaded
@@ -53,11 +54,36 @@ def field(c, i, name, units):
     }[name]
 
 
+P2P_LEGEND = """Legend:
+
+  X    = Self
+  OK   = Status Ok
+  CNS  = Chipset not supported
+  GNS  = GPU not supported
+  TNS  = Topology not supported
+  NS   = Not supported
+  U    = Unknown"""
+
+
+def topo_p2p(c):
+    """nvidia-smi's layout: a tab-separated matrix with a leading blank cell, then its legend."""
+    n = c["count"]
+    bad = {tuple(sorted(int(x) for x in k.split(","))): v for k, v in (c.get("p2p") or {}).items()}
+    print(" \t" + "\t".join("GPU%d" % j for j in range(n)) + "\t")
+    for i in range(n):
+        cells = ["X" if i == j else bad.get(tuple(sorted((i, j))), "OK") for j in range(n)]
+        print(" GPU%d\t" % i + "\t".join(cells) + "\t")
+    print("\n" + P2P_LEGEND)
+    return 0
+
+
 def main(argv):
     c = conf()
     if c.get("driver_loaded", True) is False:
         print(NO_DRIVER)
         return 9
+    if argv[:3] == ["topo", "-p2p", "r"]:
+        return topo_p2p(c)
     if "-L" in argv:
         for i in range(c["count"]):
             print("GPU %d: %s (UUID: %s%d)" % (i, c["name"], c["uuid_prefix"], i))

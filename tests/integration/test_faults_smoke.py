@@ -220,6 +220,13 @@ def test_speculative_disabled_serves_without_a_drafter():
     argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
     assert "--speculative-config" not in argv
     assert stages(r.stderr, H).get("drafter") == "skipped"
+    # EAGLE-3 against none, measured on this host: the release served before with the drafter is the baseline
+    rel = json.loads(sh(H, "cat /opt/deployer/current/release.json"))
+    pay = rel["speculation_payoff"]
+    assert pay["plain_release"] == rel["id"] and pay["speculative_release"] != rel["id"], pay
+    assert pay["plain_tokens_per_second"] == rel["tokens_per_second"] > 0 and pay["break_even_acceptance_length"] > 0
+    assert f"against no speculation ({pay['plain_tokens_per_second']} tokens/s, release {rel['id']})" in \
+        flat(r.stdout + r.stderr), r.stdout + r.stderr
     assert "no speculation" in sh(H, f"curl -s {auth()} localhost:8000/v1/chat/completions "
                                      "-H 'content-type: application/json' "
                                      "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'")

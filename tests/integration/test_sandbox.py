@@ -182,9 +182,17 @@ def test_03b_busy_gpus_are_refused_when_our_server_is_not_running():
     assert ("GPU 3: measured 41234 MiB in use with deployer-engine not running; expected <= 2048 MiB"
             in flat(r.stderr)), r.stderr
     assert after == before
-    r = up()   # GPUs free again: the live release is started again, nothing else changes
+    # GPUs free again: the live release is started again, nothing else changes; two GPU pairs the driver says cannot
+    # read each other's memory (nvidia-smi topo -p2p r) are said before the load, not refused
+    sbx.set_knobs(H, gpus={"p2p": {"0,4": "CNS", "3,7": "CNS"}})
+    try:
+        r = up()
+    finally:
+        sbx.set_knobs(H, gpus={})
     assert r.returncode == 0, r.stdout + r.stderr
     assert sh(f"systemctl is-active {SVC}") == "active"
+    assert ("nvidia-smi topo -p2p r reports no peer-to-peer reads for 2 of 28 GPU pairs (measured: GPU0-GPU4 CNS, "
+            "GPU3-GPU7 CNS; CNS = Chipset not supported)" in flat(r.stdout + r.stderr)), r.stdout + r.stderr
 
 
 def test_03c_a_foreign_process_on_the_port_is_refused():

@@ -106,3 +106,39 @@ def test_pcie_acs_not_read_is_said_and_a_broken_capability_list_ends(tmp_path):
     looped[0x100:0x104] = (0x0001 | 1 << 16 | 0x100 << 20).to_bytes(4, "little")      # AER pointing at itself
     assert pci_acs.acs_control(bytes(looped)) is None and pci_acs.acs_control(b"") is None
     assert pci_acs.acs_report(str(tmp_path / "none")) == {"gpus": 0, "redirecting": [], "unreadable": []}
+
+
+def _topo(n, bad=None):
+    """`nvidia-smi topo -p2p r` as the driver prints it: a tab-separated matrix (a blank first cell), a legend."""
+    bad = bad or {}
+    rows = [" \t" + "\t".join(f"GPU{j}" for j in range(n)) + "\t"]
+    for i in range(n):
+        rows.append(f" GPU{i}\t" + "\t".join("X" if i == j else bad.get((i, j), bad.get((j, i), "OK"))
+                                             for j in range(n)) + "\t")
+    return "\n".join(rows) + "\n\nLegend:\n\n  X    = Self\n  OK   = Status Ok\n  CNS  = Chipset not supported\n"
+
+
+def test_topo_p2p_pairs_without_peer_reads_are_warned_and_ok_everywhere_is_quiet():
+    from deployer.host_checks import p2p_matrix
+    assert p2p_risks({"devices": 0, "topo_p2p": _topo(8)}, SYS) == []
+    m = p2p_matrix(_topo(8, {(0, 4): "CNS", (3, 7): "GNS"}))
+    assert len(m["pairs"]) == 28 and {k: v for k, v in m["pairs"].items() if v != "OK"} == {(0, 4): "CNS",
+                                                                                             (3, 7): "GNS"}
+    w = p2p_risks({"devices": 0, "topo_p2p": _topo(8, {(0, 4): "CNS", (3, 7): "GNS"})}, SYS)
+    assert len(w) == 1 and "no peer-to-peer reads for 2 of 28 GPU pairs" in w[0], w
+    assert "GPU0-GPU4 CNS, GPU3-GPU7 GNS" in w[0] and "CNS = Chipset not supported" in w[0]
+    assert "slower all-reduce" in w[0] and "expected OK for every pair" in w[0]
+    # P2P already off: NCCL never asks for it
+    assert p2p_risks({"devices": 0, "topo_p2p": _topo(8, {(0, 4): "CNS"})}, dict(SYS, NCCL_P2P_DISABLE="1")) == []
+
+
+def test_topo_p2p_is_read_as_data():
+    from deployer.host_checks import p2p_matrix
+    # one direction differs: both are shown; a cell outside the legend (markup, a terminal escape) becomes U
+    m = p2p_matrix(_topo(2, {(0, 1): "OK"}).replace(" GPU1\tOK", " GPU1\t\x1b[31m[bold]"))
+    assert m["pairs"] == {(0, 1): "OK/U"}
+    w = p2p_risks({"devices": 0, "topo_p2p": _topo(2).replace(" GPU1\tOK", " GPU1\t[red]x")}, SYS)[0]
+    assert "GPU0-GPU1 OK/U" in w and "[red]" not in w
+    # no matrix (a driver that does not know -p2p, nvidia-smi failed: null), a ragged one: nothing judged
+    for text in (None, "", "Invalid combination of input arguments.", _topo(3).replace("\tOK\t", "\t", 1)):
+        assert p2p_matrix(text) is None and p2p_risks({"devices": 0, "topo_p2p": text}, SYS) == [], repr(text)

@@ -21,6 +21,22 @@ def read_release(release_dir):
         return {"id": os.path.basename(release_dir.rstrip("/"))}
 
 
+def read_releases(releases_dir):
+    """Every release's manifest under ``releases_dir`` (hidden names skipped), each with its ``id``."""
+    out = []
+    try:
+        names = sorted(os.listdir(releases_dir))
+    except OSError:
+        names = []
+    for name in names:
+        d = os.path.join(releases_dir, name)
+        if os.path.isdir(d) and not name.startswith("."):
+            r = read_release(d)
+            r["id"] = name
+            out.append(r)
+    return out
+
+
 def write_json_atomic(path, data):
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", 0o644)
 
@@ -178,7 +194,7 @@ SUMMARY_KEYS = ("id", "backend", "engine_version", "vllm_version", "patch_finger
                 "result", "deployed_at", "created_at", "user", "controller", "phase_seconds", "load_seconds",
                 "acceptance_rate", "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",
                 "api_protected", "service_user", "downtime", "prewarm", "kv_cache_tokens", "kv_cache_tokens_planned",
-                "tokens_per_second")
+                "tokens_per_second", "speculative", "speculation_payoff")
 
 
 def _link(root, name):
@@ -299,17 +315,7 @@ def host_state(root, service, target=None, want_secrets=False):
     except ImportError:
         from deployer.host.module_utils import envfile  # on the controller (tests)
     rels_dir = os.path.join(root, "releases")
-    releases = []
-    try:
-        names = sorted(os.listdir(rels_dir))
-    except OSError:
-        names = []
-    for name in names:
-        d = os.path.join(rels_dir, name)
-        if os.path.isdir(d) and not name.startswith("."):
-            r = read_release(d)
-            r["id"] = name
-            releases.append({k: r.get(k) for k in SUMMARY_KEYS})
+    releases = [{k: r.get(k) for k in SUMMARY_KEYS} for r in read_releases(rels_dir)]
     releases.sort(key=order_key, reverse=True)
     lock = None
     try:

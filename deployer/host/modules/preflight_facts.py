@@ -130,7 +130,8 @@ iommu:
     - What decides whether PCIe peer-to-peer between the GPUs passes an IOMMU - C(devices), the entries of
       /sys/class/iommu; C(cmdline), the kernel command line; C(uvm_disable_hmm), nvidia_uvm's parameter (null when
       the module is not loaded); C(acs), PCIe ACS on the bridges above each NVIDIA GPU (C(gpus), C(redirecting) - gpu,
-      bridge, port, flags of each bridge whose ACS redirects peer-to-peer -, C(unreadable)).
+      bridge, port, flags of each bridge whose ACS redirects peer-to-peer -, C(unreadable)); C(topo_p2p), what
+      C(nvidia-smi topo -p2p r) printed (the driver's P2P read status of every GPU pair), null when it failed.
   returned: with model_dir
   type: dict
 service_user_exists:
@@ -324,8 +325,10 @@ def iommu():
     except OSError:
         devices = 0
     hmm = read_text("/sys/module/nvidia_uvm/parameters/uvm_disable_hmm", 64)
+    topo = run(["nvidia-smi", "topo", "-p2p", "r"])
     return dict(devices=devices, cmdline=(read_text("/proc/cmdline", 65536) or "").strip(),
-                uvm_disable_hmm=hmm.strip() if hmm is not None else None, acs=acs_report())
+                uvm_disable_hmm=hmm.strip() if hmm is not None else None, acs=acs_report(),
+                topo_p2p=topo["stdout"][:65536] if topo["rc"] == 0 else None)
 
 
 def main():

@@ -85,12 +85,20 @@ collected:
   description: Venv and drafter directories removed because no kept release uses them.
   returned: always
   type: list
+speculation_payoff:
+  description: EAGLE-3's speed-up on this host, when the recorded I(facts) hold a C(tokens_per_second) and the host
+    has a release of the same engine and model served the other way (with the drafter against without it) that
+    recorded its own; null otherwise.  Keys - the two releases and their tokens per second, C(speedup), C(pays),
+    C(mean_acceptance_length), C(step_ms), C(plain_step_ms), C(break_even_acceptance_length).
+  returned: always
+  type: dict
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import prune, record, relink
+from ansible.module_utils.releases import prune, read_release, read_releases, record, relink
+from ansible.module_utils.spec_payoff import compare
 
 
 def main():
@@ -112,14 +120,24 @@ def main():
         changed |= relink(prev_link, old, m.check_mode)
     if moved:
         changed |= relink(cur_link, rel, m.check_mode)
+    payoff = None
     if p["record"] or moved:
-        changed |= record(rel, "live", p["facts"], m.check_mode)[0]
+        facts = dict(p["facts"])
+        if facts.get("tokens_per_second") is not None:
+            # EAGLE-3 against no speculation, from this host's own releases, kept in the record: the release it
+            # was measured against may be pruned later
+            me = dict(read_release(rel), **facts)
+            me["id"] = os.path.basename(rel)
+            payoff = compare(me, read_releases(os.path.join(root, "releases")))
+            if payoff:
+                facts["speculation_payoff"] = payoff
+        changed |= record(rel, "live", facts, m.check_mode)[0]
     removed, _kept, collected = prune(os.path.join(root, "releases"), p["keep"], [cur_link, prev_link],
                                       os.path.join(root, "venvs"), os.path.join(root, "drafters"), p["in_use"],
                                       m.check_mode, p["uv_cache_dir"])
     prev = os.readlink(prev_link) if os.path.islink(prev_link) else None
     m.exit_json(changed=changed or bool(removed or collected), moved=moved, removed=removed, collected=collected,
-                current=rel, previous=(old if moved and old else prev))
+                current=rel, previous=(old if moved and old else prev), speculation_payoff=payoff)
 
 
 if __name__ == "__main__":
