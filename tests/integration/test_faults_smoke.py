@@ -215,6 +215,7 @@ def test_no_rollback_leaves_the_failed_release_for_debugging():
 
 
 def test_speculative_disabled_serves_without_a_drafter():
+    assert up(*FAST).returncode == 0          # a release with the drafter live and measured (a no-op if it is)
     r = up("-e", "deployer_speculative_enabled=false", *FAST)
     assert r.returncode == 0, r.stdout + r.stderr
     argv = json.loads(sh(H, "cat /opt/deployer/current/argv.json"))
