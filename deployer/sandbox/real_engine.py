@@ -30,8 +30,11 @@ def settings() -> dict:
         "deployer_drafter_src_dir": str(DRAFTER),
         "deployer_tensor_parallel_size": 1,
         "deployer_max_model_len": 2048,
-        # text only: vLLM builds no vision tower and profiles no image (the tiny tokenizer has no media tokens)
-        "deployer_extra_args": ["--limit-mm-per-prompt", '{"vision_chunk": 0}'],
+        # text only: vLLM builds no vision tower and profiles no image (the tiny tokenizer has no media tokens);
+        # --enforce-eager: no torch.compile (~40 s on both cores a cold load; the CPU build's warm-up returns at once
+        # with compilation off): the compile phase of the real CPU engine is held by its recorded journals
+        # (tests/fixtures/real-cpu, tests/unit/test_real_engine_replay.py), the suite's time by this
+        "deployer_extra_args": ["--limit-mm-per-prompt", '{"vision_chunk": 0}', "--enforce-eager"],
         "deployer_restart_delay_seconds": 5,       # a crash is seen restarted within a test's patience
     }
 

@@ -14,6 +14,7 @@ deployer can see is taken from the vLLM installed in this venv, not from memory
   * the order is vLLM's ``GPUModelRunner.load_model``: target weights, drafter, THEN the
     EAGLE-3 interface check (the real ``supports_eagle3`` of this venv's vLLM), then
     "Model loading took ..."; a failed check dies with vLLM's own RuntimeError text;
+  * --enforce-eager: no torch.compile and no CUDA graphs (vLLM's config turns both off), one line that says so;
   * torch.compile: a cache miss ("Compiling a graph ...") on the first start with an empty
     cache directory, a hit ("Directly load the compiled graph(s) ...") after;
   * nothing listens until the load is done (connection refused, like vLLM), then it serves
@@ -225,6 +226,7 @@ def parse_args(argv):
     s.add_argument("--max-num-seqs", type=int)
     s.add_argument("--trust-remote-code", action="store_true")
     s.add_argument("--speculative-config", type=json.loads)
+    s.add_argument("--enforce-eager", action="store_true")
     return p.parse_known_args(argv)
 
 
@@ -384,13 +386,18 @@ def main(argv):
     log(None, raw="non-default args: %s" % json.dumps({"model_tag": args.model_tag, "unknown": unknown,
                                                       "speculative_config": args.speculative_config}),
         who="APIServer", where="vllm_standin.py")
+    if args.enforce_eager:   # config/vllm.py: compilation mode NONE, cudagraph mode NONE; the worker captures nothing
+        log("eager", who="APIServer")
     load = Load(start, base.model_shards(args.model_tag))
     spec = args.speculative_config or {}
     v2, t0 = load.model(args, spec)
-    load.compile(argv, args.port)
+    if not args.enforce_eager:
+        load.compile(argv, args.port)
     load.kv_cache()
-    load.graphs(v2)
-    log("engine", time.time() - t0, load.ps["compile"], who="EngineCore_DP0")   # 0.20+: and the compile seconds
+    if not args.enforce_eager:
+        load.graphs(v2)
+    log("engine", time.time() - t0, 0.0 if args.enforce_eager else load.ps["compile"],   # 0.20+: and the compile s
+        who="EngineCore_DP0")
     load.phase("api")
     time.sleep(load.ps["api"])
     serve(args, start.knobs, spec)

@@ -32,6 +32,8 @@ MESSAGES = {
     "kv_mem": ("v1/worker/gpu_worker.py", ("Available KV cache memory",)),
     "kv_size": ("v1/core/kv_cache_utils.py", ("GPU KV cache size: ",)),
     "max_conc": ("v1/core/kv_cache_utils.py", ("Maximum concurrency for",)),
+    # --enforce-eager: compilation off (no torch.compile lines) and no CUDA graphs (config/vllm.py), said once
+    "eager": ("config/vllm.py", ("Cudagraph is disabled under eager mode",)),
     "graphs_desc": ("v1/worker/gpu_model_runner.py", ("Capturing CUDA graphs (",)),
     "graphs_done": ("v1/worker/gpu_model_runner.py", ("Graph capturing finished in",)),
     # Model Runner V2 (v1/worker/gpu/; opt-in from 0.16, the only runner from 0.34): its own lines and order
@@ -82,6 +84,7 @@ FALLBACK = {
     "compile_hit": "Directly load the compiled graph(s) for compile range %s from the cache, took %.3f s",
     "compile_total": "torch.compile takes %.2f s in total", "kv_mem": "Available KV cache memory: %s GiB",
     "kv_size": "GPU KV cache size: %s tokens", "max_conc": "Maximum concurrency for %s tokens per request: %.2fx",
+    "eager": "Cudagraph is disabled under eager mode",
     "graphs_desc": "Capturing CUDA graphs ({}, {})",
     "graphs_done": "Graph capturing finished in %.0f secs, took %.2f GiB",
     "start_v2": "Loading model from scratch...", "eagle3_aux_v2": "Using Eagle3 auxiliary layers from model: %s",

@@ -92,3 +92,24 @@ def test_a_crash_while_serving_ends_with_vllms_monitor_lines(tmp_path, model):
     assert "Worker proc VllmWorker-3 died unexpectedly, shutting down executor." in out, out[-3000:]
     assert "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client." in out, out[-3000:]
     assert "Application startup complete" in out.split("died unexpectedly")[0]      # it served first
+
+
+def test_enforce_eager_loads_without_compile_or_graphs_as_vllm_s_config_says(tmp_path, model):
+    """--enforce-eager (vLLM's config/vllm.py: compilation mode NONE, cudagraph mode NONE; the worker captures
+    nothing): the stand-in says so in vLLM's words and its load has no compile or graph phase; a crash knob for the
+    api phase shows where the load got to (the watch's view of the same output)."""
+    from deployer.host.module_utils.engine_logs import LoadState
+    cmd, env = argv(tmp_path, model, {"crash_phase": "api"})
+    p = subprocess.run(cmd + ["--enforce-eager"], capture_output=True, text=True, env=env, timeout=60)
+    out = p.stdout + p.stderr
+    assert "Cudagraph is disabled under eager mode" in out, out[-3000:]
+    assert "torch.compile" not in out and "Dynamo bytecode" not in out and "Capturing CUDA graphs" not in out, out
+    # the watch told the launch is eager (roles/watch: '--enforce-eager' in the argv) reads no compile or graph
+    # phase into it; not told, it took the profile run for torch.compile and the API's start for graph capture
+    lines = p.stderr.splitlines(keepends=True) + p.stdout.splitlines(keepends=True)   # the bars come first
+    for eager, phases in ((True, set()), (False, {"compile", "graphs"})):
+        st = LoadState(eager=eager)
+        for i, line in enumerate(lines):
+            st.feed(line, float(i))
+        seen = set(st.snapshot(float(len(lines)))["phase_seconds"])
+        assert {"weights", "drafter", "kv_cache"} <= seen and {"compile", "graphs"} & seen == phases, (eager, seen)

@@ -50,8 +50,9 @@ MAX_WARNINGS = 20
 class LoadState(object):
     """Fold log lines into the current phase.  ``feed(line, t)`` with ``t`` seconds (any clock)."""
 
-    def __init__(self, engine="vllm"):
+    def __init__(self, engine="vllm", eager=False):
         self.engine = engine
+        self.eager = eager          # --enforce-eager: no torch.compile, no CUDA graphs (vLLM's config/vllm.py)
         self.rules = RULESETS.get(engine, RULES)
         self.phase = "starting"
         self.phase_started = {"starting": None}

@@ -88,7 +88,8 @@ def _r_model_took(st, m, t):
     # when the backend is called, seconds later), so a crash after this line is a compile crash
     st.facts["model_gib"] = float(m.group(1))
     st.facts["model_load_seconds"] = float(m.group(2))
-    st._enter("compile", t)
+    # eager (--enforce-eager): nothing is compiled; the profile run that sizes the KV cache follows
+    st._enter("kv_cache" if st.eager else "compile", t)
 
 
 def _r_compile_cache(value):
@@ -122,8 +123,8 @@ def _r_compile_unusable(st, m, t):
 
 def _r_max_concurrency(st, m, t):
     # the KV cache's last line: CUDA graph capture follows (its bar only once the first graph is captured); a CPU
-    # engine captures none (its engine init ends the KV phase)
-    if st.facts.get("kv_cache_device") != "CPU":
+    # engine captures none (its engine init ends the KV phase), nor does an eager one
+    if st.facts.get("kv_cache_device") != "CPU" and not st.eager:
         st._enter("graphs", t)
 
 

@@ -48,6 +48,13 @@ options:
         today C(vllm) or C(sglang)); the phases and fatal lines differ.  Another value fails before anything is read.
     type: str
     default: vllm
+  eager:
+    description:
+      - The engine was launched with C(--enforce-eager) (vLLM's config then turns compilation and CUDA graphs off).
+        After the model is loaded the profile run that sizes the KV cache follows, not torch.compile, and no CUDA
+        graph is captured after it, so neither phase is entered on the lines that otherwise start them.
+    type: bool
+    default: false
   health_timeout_seconds:
     description:
       - How long one GET /health may take before it counts as unanswered (still loading).  SGLang's runs a
@@ -202,7 +209,7 @@ def look(module, p):
     if props.get("ActiveState") not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
         time.sleep(DEAD_JOURNAL_SETTLE_SECONDS)
     entries = journal(module, p["service"], props.get("InvocationID"))
-    st = LoadState(p.get("engine") or "vllm")
+    st = LoadState(p.get("engine") or "vllm", eager=p.get("eager", False))
     for t, msg in entries:
         st.feed(msg, t)
     now = time.clock_gettime(time.CLOCK_MONOTONIC)
@@ -280,6 +287,7 @@ def main():
             previous_phase_seconds=dict(type="dict", default={}),
             stall_floor_factor=dict(type="float", default=0.0),
             engine=dict(type="str", default="vllm"),
+            eager=dict(type="bool", default=False),
             health_timeout_seconds=dict(type="float", default=2.0),
             root_cause=dict(type="bool", default=False),
         ),
