@@ -6,7 +6,7 @@ def test_typos_are_named_with_the_closest_setting():
     assert unknown(["deployer_max_modl_len", "preflight_gpu_cont", "watch_budget_second"]) == [
         "deployer_max_modl_len (did you mean deployer_max_model_len?)",
         "preflight_gpu_cont (did you mean preflight_gpu_count?)",
-        "watch_budget_second (did you mean watch_budget_seconds?)"]
+        "watch_budget_second (did you mean watch_budget_seconds or watch_first_budget_seconds?)"]
     assert unknown(["deployer_xyz"]) == ["deployer_xyz (no such setting)"]
 
 
