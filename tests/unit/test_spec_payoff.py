@@ -57,7 +57,7 @@ def test_an_unmeasured_gain_says_how_to_measure_it():
 
 
 def test_release_flip_records_the_payoff_where_the_release_is_kept(tmp_path):
-    """The module's own steps (read_release / read_releases / compare / record) on a real release store: the
+    """The module's own steps (read_releases / compare / record) on a real release store: the
     payoff is written into the new release's manifest, so pruning the baseline later loses nothing."""
     root = tmp_path / "releases"
     for rid, spec, tps, at in (("plain1", False, 40.0, 100), ("spec1", True, None, None)):
@@ -66,8 +66,8 @@ def test_release_flip_records_the_payoff_where_the_release_is_kept(tmp_path):
             {"id": rid, "backend": "vllm", "model_dir": MODEL, "speculative": spec, "tokens_per_second": tps,
              "deployed_at": at}))
     facts = {"tokens_per_second": 50.0, "mean_acceptance_length": 2.5}
-    me = dict(r.read_release(str(root / "spec1")), **facts)
-    p = compare(me, r.read_releases(str(root)))
+    others = r.read_releases(str(root))
+    p = compare(dict(next(x for x in others if x["id"] == "spec1"), **facts), others)
     r.record(str(root / "spec1"), "live", dict(facts, speculation_payoff=p))
     state = r.host_state(str(tmp_path), "vllm")
     got = {x["id"]: x for x in state["releases"]}["spec1"]

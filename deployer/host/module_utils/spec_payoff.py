@@ -13,6 +13,11 @@ break-even tau * tps_plain / tps_spec (the verify step's time over the plain ste
 the host inside the release_flip module and on the controller for ``deployer releases``)."""
 from __future__ import annotations
 
+try:
+    from ansible.module_utils.releases import order_key  # on the host
+except ImportError:    # the controller
+    from deployer.host.module_utils.releases import order_key
+
 
 def _num(v):
     try:
@@ -20,10 +25,6 @@ def _num(v):
     except (TypeError, ValueError):
         return None
     return f if f > 0 else None
-
-
-def _key(r):
-    return (r.get("deployed_at") or r.get("created_at") or 0, r.get("id", ""))
 
 
 def compare(release, others):
@@ -41,7 +42,7 @@ def compare(release, others):
              and _num(o.get("tokens_per_second")) is not None]
     if not peers:
         return None
-    peer = max(peers, key=_key)
+    peer = max(peers, key=order_key)
     s, p = (release, peer) if spec else (peer, release)
     tps_s, tps_p = _num(s["tokens_per_second"]), _num(p["tokens_per_second"])
     tau = _num(s.get("mean_acceptance_length"))

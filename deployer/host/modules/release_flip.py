@@ -97,7 +97,7 @@ speculation_payoff:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.releases import prune, read_release, read_releases, record, relink
+from ansible.module_utils.releases import prune, read_releases, record, relink
 from ansible.module_utils.spec_payoff import compare
 
 
@@ -126,9 +126,9 @@ def main():
         if facts.get("tokens_per_second") is not None:
             # EAGLE-3 against no speculation, from this host's own releases, kept in the record: the release it
             # was measured against may be pruned later
-            me = dict(read_release(rel), **facts)
-            me["id"] = os.path.basename(rel)
-            payoff = compare(me, read_releases(os.path.join(root, "releases")))
+            others = read_releases(os.path.join(root, "releases"))
+            me = next((r for r in others if r["id"] == os.path.basename(rel)), {"id": os.path.basename(rel)})
+            payoff = compare(dict(me, **facts), others)
             if payoff:
                 facts["speculation_payoff"] = payoff
         changed |= record(rel, "live", facts, m.check_mode)[0]
