@@ -33,7 +33,7 @@ case "$1" in
     for i in 1 2; do       # the second: warm (the probes' JIT and Triton's caches filled by the first)
       /usr/bin/time -f "canary run $i: %e s wall" python3 roles/canary/files/gpu_canary.py --world 1 --timeout-s 300 \
         --rank-program python3 --rank-program "$PWD/roles/canary/files/gpu_canary.py" \
-        --probe vllm_marlin_repack --probe vllm_moe_topk | tee "${OUT:-/tmp}/canary_vllm_0.22.0_run$i.txt"
+        --probe vllm_marlin_repack --probe vllm_moe_topk --probe vllm_marlin_moe | tee "${OUT:-/tmp}/canary_vllm_0.22.0_run$i.txt"
     done ;;
   *) echo "usage: $0 unpack|keep|run DIR" >&2; exit 2 ;;
 esac

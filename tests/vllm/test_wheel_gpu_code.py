@@ -60,7 +60,8 @@ def _release_ops(venv):
     tree = ast.parse(open(src).read())
     calls, ns = [], {}
     for fn in tree.body:
-        if isinstance(fn, ast.FunctionDef) and fn.name in ("gptq_marlin_repack", "topk_softmax"):
+        if isinstance(fn, ast.FunctionDef) and fn.name in ("gptq_marlin_repack", "topk_softmax",
+                                                           "moe_wna16_marlin_gemm"):
             for a in fn.args.args + fn.args.kwonlyargs:
                 a.annotation = None
             fn.returns, fn.decorator_list = None, []
@@ -107,3 +108,33 @@ def test_the_canarys_vllm_probes_call_each_releases_own_kernels_as_it_declares_t
     assert (repack["size_k"], repack["size_n"], repack["num_bits"]) == (128, 256, 4), repack
     assert ("perm" in repack) == (venv != "vllm-0.33.0"), repack
     assert topk["gating_output"] == ("tensor", (4, 384)) and topk["topk_ids"] == ("tensor", (4, 8)), topk
+    # the Marlin MoE GEMM: every argument the release declares is one the probe supplies, by its own name
+    case = {k: ("tensor", k) for k in ("x", "scales", "sorted_token_ids", "expert_ids", "num_tokens_past_padded",
+                                       "topk_weights")} | {"block": 16, "top_k": 2, "tokens": 16, "size_n": 256,
+                                                           "size_k": 256}
+    args = gpu_canary.by_signature(ops.moe_wna16_marlin_gemm,
+                                   gpu_canary.marlin_moe_gemm_args(case, "qweight", "out", "workspace", "uint4b8"))
+    ops.moe_wna16_marlin_gemm(**args)
+    gemm = dict(calls)["moe_wna16_marlin_gemm"]
+    assert (gemm["input"], gemm["b_qweight"], gemm["b_q_type"]) == (("tensor", "x"), "qweight", "uint4b8"), gemm
+    assert (gemm["size_m"], gemm["size_n"], gemm["size_k"], gemm["moe_block_size"]) == (16, 256, 256, 16), gemm
+    assert ("perm" in gemm and "is_k_full" in gemm) == (venv != "vllm-0.33.0"), sorted(gemm)
+
+
+def test_a_release_that_asks_the_marlin_moe_gemm_for_more_is_skipped_not_failed():
+    """A release whose kernel wants an argument the canary does not know: TypeError (the rank reports the probe
+    skipped, naming it), not a call with a missing argument."""
+    import sys
+    sys.path.insert(0, str(ROOT / "roles/canary/files"))
+    try:
+        import gpu_canary
+    finally:
+        sys.path.pop(0)
+
+    def moe_wna16_marlin_gemm(input, b_qweight, new_thing, size_m=0):    # noqa: A002 - vLLM's own names
+        pass
+    with pytest.raises(TypeError, match="asks for new_thing"):
+        gpu_canary.by_signature(moe_wna16_marlin_gemm, {"input": 1, "b_qweight": 2, "size_m": 3, "perm": 4})
+    assert gpu_canary.by_signature(moe_wna16_marlin_gemm, {"input": 1, "b_qweight": 2, "new_thing": 0,
+                                                           "perm": 4}) == {"input": 1, "b_qweight": 2,
+                                                                           "new_thing": 0}

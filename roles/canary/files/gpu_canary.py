@@ -65,17 +65,32 @@ def _triton_add(torch):
     return {"triton": triton.__version__}
 
 
+def by_signature(fn, supplied: dict) -> dict:
+    """The arguments of ``supplied`` that ``fn`` declares; TypeError (a release this canary does not know, so the
+    probe is skipped, not failed) when it declares a required one that is not supplied."""
+    import inspect
+    params = inspect.signature(fn).parameters
+    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in supplied]
+    if missing:
+        raise TypeError(f"{getattr(fn, '__name__', fn)} asks for {', '.join(missing)}, which the canary does not "
+                        "supply")
+    return {n: v for n, v in supplied.items() if n in params}
+
+
+def _repack_args(ops, torch, q, k: int, n: int) -> dict:
+    """gptq_marlin_repack's arguments as the installed release declares them (0.16/0.18 take a perm tensor, empty
+    without act-order; 0.33 does not)."""
+    return by_signature(ops.gptq_marlin_repack, {"b_q_weight": q, "perm": torch.empty(0, dtype=torch.int32,
+                        device="cuda"), "size_k": k, "size_n": n, "num_bits": 4})
+
+
 def _probe_vllm_marlin_repack(torch):
     """vLLM's _C: gptq_marlin_repack, which repacks Kimi-K2.5's INT4 expert weights at load (signature of the
     installed release: 0.16 takes a perm tensor, 0.33 does not)."""
-    import inspect
-
     from vllm import _custom_ops as ops
     k, n = 128, 256
     q = torch.zeros((k // 8, n), dtype=torch.int32, device="cuda")
-    params = inspect.signature(ops.gptq_marlin_repack).parameters
-    extra = [torch.empty(0, dtype=torch.int32, device="cuda")] if "perm" in params else []
-    out = ops.gptq_marlin_repack(q, *extra, k, n, 4)
+    out = ops.gptq_marlin_repack(**_repack_args(ops, torch, q, k, n))
     torch.cuda.synchronize()
     return {"shape": list(out.shape)}
 
@@ -92,7 +107,84 @@ def _probe_vllm_moe_topk(torch):
     return {"experts": experts, "topk": k}
 
 
-PROBES = {"vllm_marlin_repack": _probe_vllm_marlin_repack, "vllm_moe_topk": _probe_vllm_moe_topk}
+def marlin_moe_case(torch, device, experts=8, tokens=16, top_k=2, size_k=256, size_n=256, group=32, block=16):
+    """A small MoE GEMM in Kimi-K2.5's format (INT4 uint4b8 weights, groups of 32, bf16 activations) whose answer
+    needs no knowledge of Marlin's layouts: every nibble of expert e is 9 + e % 4 (a weight of 1 + e % 4 after the
+    bias of 8) and every scale the same, so row t*top_k + j of the result is (1 + e % 4) x scale x sum(x[t]) for
+    e = topk_ids[t, j].  The routing (sorted_token_ids, expert_ids, padded to ``block``) is built here as vLLM's
+    moe_align_block_size builds it, in torch (that op's signature differs between releases too)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand((tokens, size_k), generator=g) * 2 - 1).to(torch.bfloat16)
+    topk_ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    nibble = [9 + e % 4 for e in range(experts)]
+    packed = [(v * 0x11111111) - (1 << 32) if v * 0x11111111 >= 1 << 31 else v * 0x11111111 for v in nibble]
+    qweight = torch.tensor(packed, dtype=torch.int32).view(experts, 1, 1).expand(experts, size_k // 8, size_n)
+    scale = 1 / 64
+    scales = torch.full((experts, size_k // group, size_n), scale, dtype=torch.bfloat16)
+    flat = topk_ids.flatten().tolist()
+    numel = len(flat)
+    padded_max = numel + experts * (block - 1)
+    sorted_ids, expert_ids = [], []
+    for e in range(experts):
+        rows = [i for i, v in enumerate(flat) if v == e]
+        if rows:
+            rows += [numel] * (-len(rows) % block)
+            sorted_ids += rows
+            expert_ids += [e] * (len(rows) // block)
+    post_padded = len(sorted_ids)
+    sorted_ids += [numel] * (padded_max - post_padded)
+    expert_ids += [0] * (-(-padded_max // block) - len(expert_ids))
+    weight = torch.tensor([nibble[e] - 8 for e in flat], dtype=torch.float32)
+    want = weight[:, None] * scale * x.float().sum(dim=1).repeat_interleave(top_k)[:, None].expand(numel, size_n)
+    on = {"device": device}
+    return {"x": x.to(**on), "qweight": qweight.contiguous().to(**on), "scales": scales.to(**on),
+            "sorted_token_ids": torch.tensor(sorted_ids, dtype=torch.int32, **on),
+            "expert_ids": torch.tensor(expert_ids, dtype=torch.int32, **on),
+            "num_tokens_past_padded": torch.tensor([post_padded], dtype=torch.int32, **on),
+            "topk_weights": torch.ones((tokens, top_k), dtype=torch.float32, **on), "want": want.to(**on),
+            "experts": experts, "tokens": tokens, "top_k": top_k, "size_k": size_k, "size_n": size_n,
+            "block": block}
+
+
+def marlin_moe_gemm_args(c: dict, qweight, out, workspace, uint4b8) -> dict:
+    """Every argument any supported release's moe_wna16_marlin_gemm takes, by name (0.16/0.18 also take g_idx, perm
+    and is_k_full; 0.33 does not): ``by_signature`` keeps the installed release's."""
+    return {"input": c["x"], "output": out, "b_qweight": qweight, "b_bias": None, "b_scales": c["scales"],
+            "a_scales": None, "global_scale": None, "b_qzeros": None, "g_idx": None, "perm": None,
+            "workspace": workspace, "sorted_token_ids": c["sorted_token_ids"], "expert_ids": c["expert_ids"],
+            "num_tokens_past_padded": c["num_tokens_past_padded"], "topk_weights": c["topk_weights"],
+            "moe_block_size": c["block"], "top_k": c["top_k"], "mul_topk_weights": False, "b_q_type": uint4b8,
+            "size_m": c["tokens"], "size_n": c["size_n"], "size_k": c["size_k"], "is_k_full": True,
+            "use_atomic_add": False, "use_fp32_reduce": True, "is_zp_float": False}
+
+
+def _probe_vllm_marlin_moe(torch):
+    """vLLM's _moe_C: moe_wna16_marlin_gemm, the INT4 expert GEMM of every Kimi-K2.5 MoE layer (the kernel that
+    vllm#38619 saw fail on a driver that could not JIT its PTX), on weights repacked by the release's own
+    gptq_marlin_repack, its answer checked."""
+    from vllm import _custom_ops as ops
+    from vllm.scalar_type import scalar_types
+    c = marlin_moe_case(torch, "cuda")
+    k, n = c["size_k"], c["size_n"]
+    qweight = torch.stack([ops.gptq_marlin_repack(**_repack_args(ops, torch, c["qweight"][e].contiguous(), k, n))
+                           for e in range(c["experts"])])
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    out = torch.empty((c["tokens"] * c["top_k"], n), dtype=torch.bfloat16, device="cuda")
+    workspace = torch.zeros(sms * 16, dtype=torch.int32, device="cuda")
+    args = by_signature(ops.moe_wna16_marlin_gemm, marlin_moe_gemm_args(c, qweight, out, workspace,
+                                                                        scalar_types.uint4b8))
+    got = ops.moe_wna16_marlin_gemm(**args)
+    torch.cuda.synchronize()
+    got = (out if got is None else got).float()
+    err = (got - c["want"]).abs().max().item()
+    tol = 0.02 * c["want"].abs().max().item() + 0.05
+    if not err <= tol:          # NaN too
+        raise AssertionError(f"Marlin MoE GEMM: largest error {err:.4g}, expected at most {tol:.4g}")
+    return {"experts": c["experts"], "tokens": c["tokens"], "max_error": round(err, 5)}
+
+
+PROBES = {"vllm_marlin_repack": _probe_vllm_marlin_repack, "vllm_moe_topk": _probe_vllm_moe_topk,
+          "vllm_marlin_moe": _probe_vllm_marlin_moe}
 
 
 def rank_main(a) -> int:
