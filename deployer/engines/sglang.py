@@ -17,6 +17,7 @@ class SGLang(Engine):
     verifier = "sglang_verify.py"
     log_rules = metrics_rules = "sglang"
     drafts_metric = "sglang:spec_verify_calls_total"
+    canary_probes = ("sglang_flashinfer_sampling",)
     cuda_libraries = {"sgl_kernel/*.so": "sgl-kernel", "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"}
     unit_marker = "--model-path"
     managed_flags = sglang_argv.MANAGED_FLAGS

@@ -88,7 +88,7 @@ def is_running(h: Host) -> bool:
         return False
 
 
-def start_host(i: int, seed: Path | None = None, package_cache: bool = True) -> Host:
+def start_host(i: int, seed: Path | None = None, package_cache: bool | tuple[str, ...] = True) -> Host:
     h = host(i)
     if is_running(h):
         return h
@@ -182,13 +182,15 @@ def wait_ssh(h: Host, timeout: float = 60.0) -> None:
 
 
 def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | None = None,
-          cold: tuple[int, ...] = (), package_cache: bool = True, real_engine: bool = False) -> list[Host]:
+          cold: tuple[int, ...] = (), package_cache: bool | tuple[str, ...] = True,
+          real_engine: bool = False) -> list[Host]:
     """Hosts sbx1..sbxN (group gpu); with ``balancer`` one more, sbx<N+1>, running HAProxy (group balancer); with
     ``sudo`` the gpu hosts refuse root over SSH and the deployer logs in as ``deploy`` and uses sudo; with ``seed``
     (a directory save_seed filled) the gpu hosts boot with its finished venvs in place, but those numbered in
     ``cold``; ``package_cache=False``: the gpu hosts get no package cache (they can install nothing; the balancer
-    never has one); ``real_engine``: the gpu hosts serve the real vLLM (its CPU build) and a tiny real Kimi-K2.5
-    (real_engine.py) instead of the stand-in."""
+    never has one), a tuple of prepared venvs' names: only the wheels those engines were installed from
+    (image.link_package_cache); ``real_engine``: the gpu hosts serve the real vLLM (its CPU build) and a tiny real
+    Kimi-K2.5 (real_engine.py) instead of the stand-in."""
     if sudo and real_engine:
         raise SandboxError("a sandbox host is a sudo host or a real-engine host, not both")
     missing = [c for c in ("systemd-nspawn", "sshd", "ip", "unshare", "ssh", "ssh-keygen") if not tools.find(c)]
@@ -206,7 +208,7 @@ def start(n: int = 1, balancer: bool = False, sudo: bool = False, seed: Path | N
         lb = host(n + 1)
         lb.dir.mkdir(parents=True, exist_ok=True)
         (lb.dir / "role").write_text("balancer\n")
-    hosts = [start_host(i, seed if i <= n and i not in cold else None, package_cache and i <= n)
+    hosts = [start_host(i, seed if i <= n and i not in cold else None, package_cache if i <= n else False)
              for i in range(1, n + 1 + (1 if balancer else 0))]
     write_client_files(sorted({h.name: h for h in hosts + hosts_on_disk() if is_running(h)}.values(),
                               key=lambda h: h.name))

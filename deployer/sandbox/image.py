@@ -52,7 +52,53 @@ def uv_cache_dir() -> Path:
     return Path(out.stdout.strip() or Path.home() / ".cache" / "uv")
 
 
-def prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache: bool = True) -> Path:
+def prepared_venvs_dir() -> Path:
+    """Where ``scripts/dev.sh`` keeps the engines' venvs it installed from the uv cache (their files are hard links
+    of the cache's unpacked wheels)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deployer" / "venvs"
+
+
+def cache_slice(cache: Path, venvs: tuple[str, ...]) -> list[Path]:
+    """The uv cache's unpacked wheels (``archive-v0/<id>``) that the prepared venvs ``venvs`` (names under
+    ``prepared_venvs_dir()``) were installed from: an install of the same engine resolves to the same wheels, so a
+    host that installs only these engines needs only these.  Matched by inode (uv hard-links a wheel's files into
+    a venv): each venv's ``*.dist-info/METADATA`` is its archive's own file.  KeyError names a venv not prepared."""
+    by_inode = {}
+    for meta in (cache / "archive-v0").glob("*/*.dist-info/METADATA"):
+        by_inode[meta.stat().st_ino] = meta.parent.parent
+    out = set()
+    for name in venvs:
+        d = prepared_venvs_dir() / name
+        if not (d / ".deployer-installed").is_file():
+            raise KeyError(f"{name}: no prepared venv at {d} (scripts/dev.sh prepares it)")
+        out.update(by_inode[m.stat().st_ino] for m in d.glob("lib/python3*/site-packages/*.dist-info/METADATA")
+                   if m.stat().st_ino in by_inode)
+    return sorted(out)
+
+
+def link_package_cache(dst: Path, venvs: tuple[str, ...] | None) -> None:
+    """The controller's uv cache hard-linked into ``dst``: all of it (~280,000 entries: ~9 CPU-s to link and unlink
+    again), or, with ``venvs``, the cache's indexes and only the unpacked wheels those engines were installed from
+    (vLLM 0.16.0's: ~73,000)."""
+    cache = uv_cache_dir()
+    if not cache.is_dir():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if venvs is None:
+        _run("cp", "-al", cache, dst)
+        return
+    dst.mkdir(exist_ok=True)
+    rest = [p for p in cache.iterdir() if p.name != "archive-v0"]
+    if rest:
+        _run("cp", "-al", *rest, dst)
+    wheels = cache_slice(cache, venvs)
+    (dst / "archive-v0").mkdir(exist_ok=True)
+    if wheels:
+        _run("cp", "-al", *wheels, dst / "archive-v0")
+
+
+def prepare_upper(h: Host, pubkey: str, seed: Path | None = None,
+                  package_cache: bool | tuple[str, ...] = True) -> Path:
     d = h.dir
     upper, work, merged = d / "upper", d / "work", d / "merged"
     for p in (upper, work, merged):
@@ -130,13 +176,11 @@ def prepare_upper(h: Host, pubkey: str, seed: Path | None = None, package_cache:
     write_model_dir(upper / SMALL_MODEL_DIR.lstrip("/"))
     if is_real(h):
         real_engine.write_host_files(upper)
-    # the host's package cache, hard-linked from the controller's uv cache (see module docstring); ~250,000 entries
-    # to link in and unlink again (~10 CPU-s a boot), so only for a host that may install (``package_cache``)
-    cache = uv_cache_dir()
-    if package_cache and cache.is_dir():
-        dst = upper / DEPLOY_ROOT.lstrip("/") / "cache"
-        dst.mkdir(parents=True, exist_ok=True)
-        _run("cp", "-al", cache, dst / "uv")
+    # the host's package cache, hard-linked from the controller's uv cache (see module docstring), only for a host
+    # that may install (``package_cache``: True for all of it, or the prepared venvs whose engines it may install)
+    if package_cache:
+        link_package_cache(upper / DEPLOY_ROOT.lstrip("/") / "cache" / "uv",
+                           None if package_cache is True else tuple(package_cache))
     # a pre-baked image (save_seed): finished venvs another sandbox host's deploy made, hard-linked in like the uv
     # cache (their files are the cache's own links); the deployer finds them complete and installs nothing
     if seed and seed.is_dir():

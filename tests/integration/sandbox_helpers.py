@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deployer.output import STAGES
 from helpers import ROOT, STRICT
@@ -14,7 +15,11 @@ from helpers import ROOT, STRICT
 SVC = "deployer-engine"
 
 
-def venv(version="0.16.0", patched=True):
+# the default release, from where it is written once
+DEFAULT_VLLM = yaml.safe_load((ROOT / "roles/deployer/defaults/main.yml").read_text())["deployer_vllm_version"]
+
+
+def venv(version=DEFAULT_VLLM, patched=True):
     """Where the deployer puts a vLLM venv on a host (one per version and patch engine: deployer/plan.py)."""
     from deployer.identity import patch_engine_id
     return f"/opt/deployer/venvs/vllm-{version}" + (f"-p{patch_engine_id()}" if patched else "")
@@ -83,15 +88,20 @@ def flat(text):
     return " ".join(text.split())
 
 
-def sandbox_hosts(n, seed=True, **kw):
+def sandbox_hosts(n, seed=True, engines=(), **kw):
     """Module fixture body: fresh sandbox hosts sbx1..sbxN for the module, stopped afterwards (``kw``: start's
     options, e.g. sudo=True, or package_cache=False for a module that installs nothing: its hosts boot without the
-    ~250,000 links of the package cache); ``seed``: they boot with this run's pre-baked venv when one is saved
-    (SEED).  Without a seed to boot with (a module run on its own, before any deploy saved one) the hosts get the
-    package cache whatever ``package_cache`` says: they must install the default release."""
+    package cache's links); ``seed``: they boot with this run's pre-baked venv when one is saved (SEED).  A host
+    that may install gets only the part of the package cache it may install from: the default release's wheels
+    and those of ``engines`` (prepared venvs' names, as scripts/dev.sh calls them: "vllm-0.18.0", "sglang-0.5.23";
+    ~73,000 links instead of ~280,000: image.link_package_cache).  Without a seed to boot with (a module run on its
+    own, before any deploy saved one) the hosts get that package cache whatever ``package_cache`` says: they must
+    install the default release (``package_cache``: a tuple of venvs' names, exactly those)."""
     from deployer.sandbox import hosts as sb
-    if not (seed and (SEED / Path(venv()).name).exists()):
-        kw["package_cache"] = True
+    cache = kw.get("package_cache", True)
+    if cache is False and not (seed and (SEED / Path(venv()).name).exists()):
+        cache = True
+    kw["package_cache"] = (f"vllm-{DEFAULT_VLLM}", *engines) if cache is True else cache
     sb.stop()
     sb.start(n, seed=SEED if seed else None, **kw)
     yield sb

@@ -24,7 +24,7 @@ H = "sbx1"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    for sb in sandbox_hosts(1):
+    for sb in sandbox_hosts(1, engines=("vllm-0.18.0",)):
         r = up(*FAST)
         assert r.returncode == 0, r.stdout + r.stderr
         yield sb

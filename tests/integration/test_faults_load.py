@@ -16,7 +16,7 @@ H = "sbx1"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    yield from sandbox_hosts(1)
+    yield from sandbox_hosts(1, engines=("vllm-0.18.0",))
 
 
 def test_00_a_good_deploy_serves():

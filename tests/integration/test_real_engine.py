@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from deployer.sandbox import real_engine
 from sandbox_helpers import SVC, auth, deployer, flat, needs_sandbox, sandbox_hosts, sh, stages
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
@@ -18,7 +19,9 @@ H = "sbx1"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    yield from sandbox_hosts(1, seed=False, real_engine=True)
+    # its package cache: the CPU build's wheels only (it installs nothing else)
+    yield from sandbox_hosts(1, seed=False, real_engine=True,
+                             package_cache=(f"{real_engine.PACKAGE}-{real_engine.VERSION}",))
 
 
 def up(*args):

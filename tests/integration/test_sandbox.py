@@ -18,7 +18,7 @@ H = "sbx1"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    yield from sandbox_hosts(1, seed=False)   # the whole cold deploy is the point here
+    yield from sandbox_hosts(1, seed=False, engines=("vllm-0.18.0",))   # the whole cold deploy is the point here
 
 
 def sh(cmd):

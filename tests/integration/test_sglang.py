@@ -15,7 +15,7 @@ SG_VENV = "/opt/deployer/venvs/sglang-0.5.23"
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox():
-    yield from sandbox_hosts(1)
+    yield from sandbox_hosts(1, engines=("sglang-0.5.23",))
 
 
 def manifest(rel="current"):

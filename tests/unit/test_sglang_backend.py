@@ -39,8 +39,8 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
                            # where its kernels are: the verify stage reads the driver they need
                            "cuda_libraries": {"sgl_kernel/*.so": "sgl-kernel",
                                               "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"},
-                           # the GPU canary before the restart: CUDA, NCCL and Triton (no SGLang kernel probe yet)
-                           "gpu_canary": True, "canary_probes": [],
+                           # the GPU canary before the restart: CUDA, NCCL, Triton and FlashInfer's sampling (JIT)
+                           "gpu_canary": True, "canary_probes": ["sglang_flashinfer_sampling"],
                            # FlashInfer's JIT: the verify stage checks these for the service user
                            "jit_toolchain": ["nvcc", "ninja", "c++"],
                            # what its verifier holds extra words to: SGLang's ServerArgs fields of its own flags

@@ -49,19 +49,19 @@ def test_sglang_0523_kernels_have_sm120_code_and_need_cuda13():
     assert df.floor(list(libs.values()), torch_cuda)["driver"] == "580.65.06"
 
 
-def _release_ops(venv):
-    """The prepared venv's own ``vllm._custom_ops`` as the canary's probes call it: each function with the release's
-    signature (read with ast; nothing imported), recording how it was called."""
+def _release_ops(venv, module="vllm/_custom_ops.py",
+                 names=("gptq_marlin_repack", "topk_softmax", "moe_wna16_marlin_gemm"), out=None):
+    """The prepared venv's own ``module`` as the canary's probes call it: each function of ``names`` with the
+    release's signature (read with ast; nothing imported), recording how it was called."""
     import ast
     import types
     v = CACHE / "venvs" / venv
     need((v / ".deployer-installed").exists(), f"prepared {venv} venv missing (scripts/dev.sh prepares it)")
-    src = (glob.glob(str(v / "lib/python3*/site-packages/vllm/_custom_ops.py")) or [None])[0]
+    src = (glob.glob(str(v / f"lib/python3*/site-packages/{module}")) or [None])[0]
     tree = ast.parse(open(src).read())
     calls, ns = [], {}
     for fn in tree.body:
-        if isinstance(fn, ast.FunctionDef) and fn.name in ("gptq_marlin_repack", "topk_softmax",
-                                                           "moe_wna16_marlin_gemm"):
+        if isinstance(fn, ast.FunctionDef) and fn.name in names:
             for a in fn.args.args + fn.args.kwonlyargs:
                 a.annotation = None
             fn.returns, fn.decorator_list = None, []
@@ -69,7 +69,8 @@ def _release_ops(venv):
             fn.args.kw_defaults = [ast.Constant(None) if d is not None else None for d in fn.args.kw_defaults]
             fn.body = ast.parse(f"return __calls__.append(({fn.name!r}, dict(locals()))) or __out__").body
             module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
-            exec(compile(module, src, "exec"), dict(__calls__=calls, __out__=types.SimpleNamespace(shape=(8, 512))), ns)
+            exec(compile(module, src, "exec"),
+                 dict(__calls__=calls, __out__=out or types.SimpleNamespace(shape=(8, 512))), ns)
     return types.SimpleNamespace(**ns), calls
 
 
@@ -138,3 +139,59 @@ def test_a_release_that_asks_the_marlin_moe_gemm_for_more_is_skipped_not_failed(
     assert gpu_canary.by_signature(moe_wna16_marlin_gemm, {"input": 1, "b_qweight": 2, "new_thing": 0,
                                                            "perm": 4}) == {"input": 1, "b_qweight": 2,
                                                                            "new_thing": 0}
+
+
+class _TorchForSampling(_Torch):
+    """As much of torch as the FlashInfer probe touches: the probabilities, the wanted tokens, the comparison."""
+    int64 = "int64"
+
+    class _T(tuple):
+        def __setitem__(self, key, value):
+            pass
+
+        def __truediv__(self, other):
+            return self
+
+        def sum(self, **kw):
+            return self
+
+        def to(self, dtype):
+            return self
+
+        def tolist(self):
+            return list(self)
+
+    def rand(self, shape, *fill, **kw):
+        return self._T(("probs", shape))
+
+    def tensor(self, values, **kw):
+        return self._T(values)
+
+    arange = ones = full = rand
+
+    @staticmethod
+    def equal(a, b):
+        return True
+
+
+def test_the_sglang_canary_calls_flashinfer_sampling_as_sglang_does_with_flashinfer_s_own_signature(monkeypatch):
+    """The SGLang canary's FlashInfer probe binds to the prepared SGLang venv's flashinfer.sampling signature (read
+    with ast: nothing imported), with the arguments SGLang's sampler passes (srt/layers/sampler.py): the
+    probabilities, an int32 top_k and a float32 top_p tensor, filter_apply_order="joint"."""
+    import sys
+    import types
+    sys.path.insert(0, str(ROOT / "roles/canary/files"))
+    try:
+        import gpu_canary
+    finally:
+        sys.path.pop(0)
+    sampling, calls = _release_ops("sglang-0.5.23", "flashinfer/sampling.py", ("top_k_top_p_sampling_from_probs",),
+                                   out=_TorchForSampling._T((7, 81920, 163839, 12345)))
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(sampling=sampling, __version__="0.7.2"))
+    monkeypatch.setitem(sys.modules, "flashinfer.sampling", sampling)
+    assert gpu_canary._probe_sglang_flashinfer_sampling(_TorchForSampling()) == {"vocab": 163840,
+                                                                                  "flashinfer": "0.7.2"}
+    call = dict(calls)["top_k_top_p_sampling_from_probs"]
+    assert call["top_k"] == ("probs", (4,)) and call["top_p"] == ("probs", (4,)), call
+    assert call["filter_apply_order"] == "joint", call
+    assert "sglang_flashinfer_sampling" in gpu_canary.RANK0_PROBES

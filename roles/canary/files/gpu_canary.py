@@ -183,8 +183,32 @@ def _probe_vllm_marlin_moe(torch):
     return {"experts": c["experts"], "tokens": c["tokens"], "max_error": round(err, 5)}
 
 
+def _probe_sglang_flashinfer_sampling(torch):
+    """FlashInfer's top-k/top-p sampling kernel, called as SGLang's sampler calls it (flashinfer.sampling,
+    ``filter_apply_order="joint"``): FlashInfer ships no prebuilt kernels, so this JIT-compiles it with the
+    toolkit on the unit's PATH (nvcc, ninja, c++) into the service user's FlashInfer cache, which the server then
+    finds warm; a server without that toolkit loads and dies at its first sampled request.  top_k = 1 on every
+    row: the answer is each row's most likely token, whatever the random draw."""
+    from flashinfer import sampling
+    rows, vocab = 4, 163840
+    probs = torch.rand((rows, vocab), device="cuda")
+    want = torch.tensor([7, 81920, 163839, 12345], device="cuda")
+    probs[torch.arange(rows, device="cuda"), want] = float(vocab)
+    probs = probs / probs.sum(dim=1, keepdim=True)
+    got = sampling.top_k_top_p_sampling_from_probs(
+        probs, torch.ones((rows,), dtype=torch.int32, device="cuda"),
+        torch.full((rows,), 0.9, dtype=torch.float32, device="cuda"), filter_apply_order="joint")
+    torch.cuda.synchronize()
+    if not torch.equal(got.to(torch.int64), want):
+        raise AssertionError(f"FlashInfer top-k sampling: measured {got.tolist()}, expected {want.tolist()}")
+    return {"vocab": vocab, "flashinfer": getattr(__import__("flashinfer"), "__version__", None)}
+
+
 PROBES = {"vllm_marlin_repack": _probe_vllm_marlin_repack, "vllm_moe_topk": _probe_vllm_moe_topk,
-          "vllm_marlin_moe": _probe_vllm_marlin_moe}
+          "vllm_marlin_moe": _probe_vllm_marlin_moe, "sglang_flashinfer_sampling": _probe_sglang_flashinfer_sampling}
+# probes run on rank 0 only (unless --triton-every-rank): a JIT compile, which every rank would otherwise queue
+# for behind FlashInfer's build lock, into the one cache the server reads
+RANK0_PROBES = frozenset({"sglang_flashinfer_sampling"})
 
 
 def rank_main(a) -> int:
@@ -242,7 +266,7 @@ def rank_main(a) -> int:
         except Exception as e:     # noqa: BLE001
             emit(rank, "triton", False, error=_error(e), seconds=round(time.monotonic() - t, 3))
             failed = True
-    for name in a.probe:
+    for name in (p for p in a.probe if rank == 0 or a.triton_every_rank or p not in RANK0_PROBES):
         t = time.monotonic()
         try:
             got = PROBES[name](torch)
