@@ -37,28 +37,30 @@ def floor(libraries: list[dict], torch_cuda: str | None, gpu_floor: str = "0") -
     """The lowest driver the engine needs: ``driver`` and ``constraints`` (each {driver, why}, the binding one first).
     ``libraries``: the cuda_floor module's per-library counts; ``gpu_floor``: what the GPUs themselves need
     (preflight_driver_min_version)."""
-    out = [(gpu_floor, f"these GPUs need >= {gpu_floor} (preflight_driver_min_version)")] \
+    out = [(gpu_floor, f"these GPUs need >= {gpu_floor} (preflight_driver_min_version)", None)] \
         if _v(gpu_floor) > (0,) else []
     if torch_cuda:
         need = MAJOR_DRIVER.get(_mm(torch_cuda)[0])
         out.append((need or UNKNOWN, f"torch is built for CUDA {torch_cuda}"
-                    + (f": >= {need}" if need else ", a major this deployer does not know")))
+                    + (f": >= {need}" if need else ", a major this deployer does not know"), None))
     for lib in libraries:
         name = lib["file"] + (f" ({lib['label']})" if lib.get("label") else "")
         if lib.get("error"):
-            out.append((UNKNOWN, f"{name}: unreadable ({lib['error']})"))
+            out.append((UNKNOWN, f"{name}: unreadable ({lib['error']})", None))
             continue
         isa = lib.get("ptx_isa")
         if not isa or not lib.get("ptx_only"):
             continue
         cuda = PTX_ISA_CUDA.get(_mm(isa))
         need = CUDA_DRIVER.get(cuda) if cuda else None
-        what = (f"{name}: {lib['ptx_only']} of {lib['units']} CUDA units carry no machine code for sm_"
-                f"{str(lib.get('compute_cap', '')).replace('.', '')}, only PTX ISA {isa}")
+        jit = f"{name}: {lib['ptx_only']} of {lib['units']} CUDA units"
+        what = (f"{jit} carry no machine code for sm_{str(lib.get('compute_cap', '')).replace('.', '')}, "
+                f"only PTX ISA {isa}")
         out.append((need or UNKNOWN, f"{what} (CUDA {cuda[0]}.{cuda[1]}), which the driver compiles at load: >= {need}"
-                    if need else f"{what}, a PTX ISA this deployer does not know"))
+                    if need else f"{what}, a PTX ISA this deployer does not know", jit))
     out.sort(key=lambda r: _v(r[0]), reverse=True)     # stable: the GPUs' own floor first among equals
-    return {"driver": out[0][0] if out else "0", "constraints": [{"driver": d, "why": w} for d, w in out]}
+    return {"driver": out[0][0] if out else "0",
+            "constraints": [{"driver": d, "why": w} | ({"jit": j} if j else {}) for d, w, j in out]}
 
 
 def refusal(result: dict, driver: str) -> str | None:
@@ -68,3 +70,16 @@ def refusal(result: dict, driver: str) -> str | None:
         return None
     return (f"NVIDIA driver: measured {driver}, expected >= {result['driver']} for this engine release on these GPUs: "
             + "; ".join(missed) + " (upgrade the driver, or pin a release built for this one: deployer versions)")
+
+
+def note(result: dict, driver: str) -> str:
+    """What a driver that meets the floor is told: the floor, and which libraries it must JIT-compile from PTX at the
+    first load, before anything is served (the GPU canary's probes compile what they call first, into the server's
+    cache)."""
+    jit = [c["jit"] for c in result["constraints"] if c.get("jit")]
+    out = f"driver {driver} >= {result['driver']} (this release's floor on these GPUs)"
+    if jit:
+        out += ("; PTX only, compiled by the driver at the first load (the canary's kernel probes compile the "
+                "ones they call first, into the server's cache; `deployer versions` shows the releases with "
+                "machine code for these GPUs): " + "; ".join(jit))
+    return out

@@ -49,11 +49,13 @@ from deployer.sandbox.common import (
     REPO,
     SLOT,
     STANDIN_ANSWER,
+    STANDIN_ANSWERS,
     STATE,
     Host,
     SandboxError,
     host,
     hosts_on_disk,
+    is_balancer,
     is_sudo,
 )
 from deployer.sandbox.common import run as _run
@@ -233,7 +235,7 @@ def save_seed(h: Host, venv: str, seed: Path) -> bool:
         (seed / ".verify").mkdir(exist_ok=True)
         for f in verdicts.glob("*.json"):
             shutil.copy2(f, seed / ".verify" / f.name)
-    _save_standin_answers(h, seed)
+    _save_standin_answers(h, seed / ".standin")
     tmp = seed / f".{dst.name}.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     _run("cp", "-al", src, tmp)
@@ -245,15 +247,19 @@ def save_seed(h: Host, venv: str, seed: Path) -> bool:
     return True
 
 
-def _save_standin_answers(h: Host, seed: Path) -> None:
+def _save_standin_answers(h: Host, dest: Path) -> None:
     """The stand-in's remembered supports_eagle3() answers on ``h`` (its tmpfs /run, so read over SSH) into
-    ``seed``: later hosts' first load does not import vLLM's model classes again (~20 CPU-s each)."""
-    r = ssh(h.name, "cd /run/deployer-standin 2>/dev/null && grep -H . eagle3-*.json || true", check=False)
+    ``dest``: later hosts' first load does not import vLLM's model classes again (~20 CPU-s each)."""
+    r = ssh(h.name, "cd /run/deployer-standin 2>/dev/null && grep -H . eagle3-*.json || true", check=False,
+            timeout=15)
     for line in r.stdout.splitlines():
         name, _, body = line.partition(":")
         if STANDIN_ANSWER.fullmatch(name) and body.startswith("{"):
-            (seed / ".standin").mkdir(exist_ok=True)
-            (seed / ".standin" / name).write_text(body + "\n")
+            dest.mkdir(parents=True, exist_ok=True)
+            if not (dest / name).exists():
+                tmp = dest / f".{name}.{os.getpid()}"
+                tmp.write_text(body + "\n")
+                os.replace(tmp, dest / name)
 
 
 def _stop_host(h: Host) -> None:
@@ -320,6 +326,11 @@ def stop(names: list[str] | None = None) -> list[str]:
     for h in hosts_on_disk():
         if names and h.name not in names:
             continue
+        if is_running(h) and not is_balancer(h):
+            try:         # what its stand-in learnt, for the next hosts (SANDBOX bookkeeping: image.py)
+                _save_standin_answers(h, STANDIN_ANSWERS)
+            except (OSError, subprocess.SubprocessError):
+                pass
         _stop_host(h)
         (h.dir / "role").unlink(missing_ok=True)
         stopped.append(h.name)

@@ -21,6 +21,7 @@ from deployer.sandbox.common import (
     MODEL_DIR,
     SMALL_MODEL_DIR,
     STANDIN_ANSWER,
+    STANDIN_ANSWERS,
     STANDIN_SEED,
     SUDO_UID,
     SUDO_USER,
@@ -158,15 +159,20 @@ def prepare_upper(h: Host, pubkey: str, seed: Path | None = None,
     # user under ProtectSystem=strict, so the directory is made at boot and allowed in the inventory
     tmpfiles = mk("etc/tmpfiles.d")
     conf = "d /run/deployer-standin 1777 root root -\n"
-    # a pre-baked image (save_seed) also keeps the stand-in's answers of the real supports_eagle3() (keyed by the
-    # venv's files: sizes and mtimes, which hard links keep), copied in at each boot: SANDBOX bookkeeping
-    if seed and (seed / ".standin").is_dir():
+    # the stand-in's answers of the real supports_eagle3() (keyed by the contents of the venv's files that decide
+    # them), from a pre-baked image (save_seed) and from earlier hosts on this machine (hosts.stop keeps them in
+    # STANDIN_ANSWERS), copied in at each boot: SANDBOX bookkeeping
+    answers = {}
+    for src in ([seed / ".standin"] if seed else []) + [STANDIN_ANSWERS]:
+        if src.is_dir():
+            for f in sorted(src.iterdir()):
+                if STANDIN_ANSWER.fullmatch(f.name):      # a name with a space or line end would break the line
+                    answers.setdefault(f.name, f)
+    if answers:
         keep = mk(STANDIN_SEED.lstrip("/"))
-        for f in sorted((seed / ".standin").iterdir()):
-            if not STANDIN_ANSWER.fullmatch(f.name):      # a name with a space or line end would break the line
-                continue
-            shutil.copy2(f, keep / f.name)
-            conf += f"C /run/deployer-standin/{f.name} - - - - {STANDIN_SEED}/{f.name}\n"
+        for name, f in sorted(answers.items()):
+            shutil.copy2(f, keep / name)
+            conf += f"C /run/deployer-standin/{name} - - - - {STANDIN_SEED}/{name}\n"
     (tmpfiles / "deployer-standin.conf").write_text(conf)
     knobs = mk(KNOBS_DIR.lstrip("/"))
     (knobs / "gpus.json").write_text("{}\n")

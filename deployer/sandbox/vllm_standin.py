@@ -55,8 +55,9 @@ def _supports_eagle3_cached():
     """The real ``supports_eagle3`` of this venv's vLLM, asked once per state of the files that decide it.
 
     Importing vLLM's model classes costs ~20 s of CPU per start; the answer depends only on this venv's source
-    (the patch engine's targets), so it is remembered under a key of the venv and those files' sizes and
-    mtimes (a patch or a revert rewrites them: a new key).  SANDBOX bookkeeping, not vLLM behaviour."""
+    (the patch engine's targets), so it is remembered under a key of the venv and those files' contents (a patch
+    or a revert rewrites them: a new key; the same files patched on another host: the same key, so the sandbox
+    hands answers on between hosts: image.py).  SANDBOX bookkeeping, not vLLM behaviour."""
     files = []
     if SRC.root:
         models = os.path.join(SRC.root, "model_executor", "models")
@@ -65,8 +66,8 @@ def _supports_eagle3_cached():
     key = [sys.prefix]
     for f in files:
         try:
-            st = os.stat(f)
-            key.append("%s:%d:%d" % (f, st.st_size, st.st_mtime_ns))
+            with open(f, "rb") as fh:
+                key.append("%s:%s" % (f, hashlib.sha256(fh.read()).hexdigest()))
         except OSError:
             key.append(f + ":-")
     path = os.path.join(base.STATE_DIR, "eagle3-%s.json" % hashlib.sha256("|".join(key).encode()).hexdigest()[:16])

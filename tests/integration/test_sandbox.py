@@ -64,6 +64,9 @@ def test_01_full_up_then_noop(tmp_path):
     assert sh(f"test -f {spec['model']}/.deployer-complete && echo ok") == "ok"
     # issue 42: the default deploy passes its own memory plan, and releases records it beside what the engine said
     assert "memory plan per GPU: 97887 MiB x gpu_memory_utilization 0.94 = 89.9 GiB; weights 71.8 GiB" in flat(r.stderr)
+    # the release's Kimi kernels are PTX only on sm_120: the verify stage says which, read off the installed wheel
+    assert re.search(r"PTX only, compiled by the driver at the first load .*vllm/_moe_C\.abi3\.so \(fused MoE, "
+                     r"Kimi's INT4 Marlin MoE among them\): 15 of 33 CUDA units", flat(r.stderr)), r.stderr[-3000:]
     live = json.loads(deployer("releases", "--sandbox", "--json").stdout)[H]["releases"][0]
     assert live["kv_cache_tokens_planned"] == 181_864 and live["kv_cache_tokens"] > 0, live
     assert live["tokens_per_second"] > 0, live

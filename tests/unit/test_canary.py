@@ -37,6 +37,22 @@ def test_a_real_vllm_release_kernels_run_and_pass():
         assert "skipped" not in v["summary"], v["summary"]
 
 
+def test_a_real_marlin_moe_gemm_ran_and_its_answer_checked_cold_and_warm():
+    """Kimi-K2.5's INT4 expert GEMM (moe_wna16_marlin_gemm) on a real GPU with a real vLLM build (0.22.0 on an H200,
+    2026-12-06), on weights the release's own gptq_marlin_repack repacked, checked against a value that needs no
+    knowledge of Marlin's layouts.  0.22.0's _moe_C carries only PTX for 15 of its 37 units on sm_90 as on sm_120:
+    the cold run is the driver's JIT compile (what vllm#38619's 570 driver could not do), the warm one its cache."""
+    cold, warm = (canary.verdict(real(f"world1_vllm_0.22.0_marlin_moe{w}.txt"), 1) for w in ("", "_warm"))
+    for v in (cold, warm):
+        assert v["refusal"] is None and v["ok"], v
+        assert v["measured"]["probes"] == {"vllm_marlin_repack": "ok", "vllm_moe_topk": "ok",
+                                           "vllm_marlin_moe": "ok"}, v["measured"]
+    probes = {r: {p["probe"]: p for p in real(f"world1_vllm_0.22.0_marlin_moe{r}.txt")["ranks"][0]["probes"]}
+              for r in ("", "_warm")}
+    assert probes[""]["vllm_marlin_moe"]["max_error"] == 0.0016 and probes[""]["vllm_marlin_moe"]["experts"] == 8
+    assert probes[""]["vllm_marlin_moe"]["seconds"] > 50 > 1 > probes["_warm"]["vllm_marlin_moe"]["seconds"]
+
+
 def test_a_real_gpu_that_fails_cuda_init_is_named_not_the_rank_that_waited_for_it():
     for f in ("world2_nccl30.txt", "world2_timeout.txt"):
         v = canary.verdict(real(f), 2)

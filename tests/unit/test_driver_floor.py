@@ -93,3 +93,19 @@ def test_cuda_13_torch_needs_580_and_unknown_versions_are_refused():
 def test_a_library_with_machine_code_for_the_gpu_sets_no_floor():
     floor = df.floor([dict(MOE, ptx_only=0, ptx_isa=None, sass=33)], "12.8", gpu_floor="570.0")
     assert floor["driver"] == "570.0" and df.refusal(floor, "570.133.20") is None
+
+
+def test_a_driver_that_meets_the_floor_is_told_which_kernels_it_compiles_from_ptx_at_the_first_load():
+    """Not a refusal but what the verify stage shows: the floor, and each library the driver JIT-compiles from PTX
+    (vLLM 0.16/0.18's Marlin MoE on sm_120); a release with machine code for the GPUs gets the floor alone."""
+    libs = [{"file": "vllm/_moe_C.abi3.so", "label": "fused MoE", "ptx_only": 15, "units": 33, "ptx_isa": "8.8",
+             "compute_cap": "12.0"}, {"file": "vllm/_C.abi3.so", "ptx_only": 0, "units": 106, "ptx_isa": None}]
+    result = df.floor(libs, "12.8")
+    assert df.refusal(result, "580.95.05") is None
+    note = df.note(result, "580.95.05")
+    assert note.startswith("driver 580.95.05 >= 575.51.03 (this release's floor on these GPUs); PTX only, compiled "
+                           "by the driver at the first load"), note
+    assert note.endswith("): vllm/_moe_C.abi3.so (fused MoE): 15 of 33 CUDA units"), note
+    assert "_C.abi3.so:" not in note
+    assert df.note(df.floor([], "13.0"), "580.95.05") == ("driver 580.95.05 >= 580.65.06 (this release's floor on "
+                                                          "these GPUs)")

@@ -223,6 +223,11 @@ def driver_refusal(floor, driver):
     return df.refusal(floor, str(driver))
 
 
+def driver_note(floor, driver):
+    from deployer import driver_floor as df
+    return df.note(floor, str(driver))
+
+
 def haproxy_word(value, what="HAProxy config word"):
     """A value for haproxy.cfg, refused unless it is a plain token (formats.haproxy_word)."""
     try:
@@ -266,6 +271,7 @@ class FilterModule(object):
             "p2p_risks": host_checks.p2p_risks,
             "toolchain_refusal": host_checks.toolchain_refusal,
             "driver_floor": driver_floor,
+            "driver_note": driver_note,
             "driver_refusal": driver_refusal,
             "canary_verdict": canary.judge,
             "unit_run_properties": canary.run_properties,
