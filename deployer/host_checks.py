@@ -112,11 +112,14 @@ def p2p_risks(iommu: dict, env: dict) -> list[str]:
 # What compiles at run time, as each engine's own code finds it (the verify stage's probe reads it as the service
 # user in the unit's environment): Triton's C compiler and Python.h (triton/runtime/build.py), and for an engine that
 # declares ``jit_toolchain``, FlashInfer's nvcc (CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda), ninja (on PATH)
-# and C++ compiler (CXX, else c++) (flashinfer/jit/cpp_ext.py).
+# and C++ compiler (CXX, else c++) (flashinfer/jit/cpp_ext.py), and cuRAND's headers in that toolkit's include
+# directory, the only CUDA include path its JIT passes (flashinfer/include/flashinfer/sampling.cuh includes them).
 JIT_ADVICE = {
     "nvcc": "the CUDA toolkit (its nvcc), or CUDA_HOME in deployer_env_extra",
     "ninja": "ninja on the unit's PATH (the venv's own, from the ninja wheel, is first there)",
     "c++": "a C++ compiler (install g++, or set CXX in deployer_env_extra)",
+    "curand": "cuRAND's headers in the CUDA toolkit's include directory (its development package, of nvcc's CUDA "
+              "version; FlashInfer's sampling kernels include them and its JIT looks nowhere else)",
 }
 
 

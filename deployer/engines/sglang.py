@@ -69,7 +69,7 @@ class SGLang(Engine):
 
     # FlashInfer JIT-compiles its kernels on first use: CUDA_HOME's nvcc, `ninja` and `c++` run by name
     # (flashinfer/jit/cpp_ext.py, 0.7.2); the ninja wheel puts ninja in the venv's bin
-    jit_toolchain = ("nvcc", "ninja", "c++")
+    jit_toolchain = ("nvcc", "ninja", "c++", "curand")
 
     def env(self, s, server_cache):
         # FlashInfer's JIT and kernel caches (flashinfer-cubin pre-staged by the install stage: nothing is

@@ -150,6 +150,11 @@ def prepare_upper(h: Host, pubkey: str, seed: Path | None = None,
                                "[ \"$1\" = --version ] && { echo 'Cuda compilation tools, release 13.0, V13.0.88'; "
                                "exit 0; }\necho 'SANDBOX nvcc: compiles nothing' >&2; exit 1\n")
     os.chmod(bin_ / "nvcc", 0o755)
+    # and that toolkit's cuRAND headers, where FlashInfer's JIT looks (<nvcc's parent's parent>/include: its sampling
+    # kernels include them); SANDBOX: a marker file, nothing is compiled
+    mk("usr/local/include")
+    (upper / "usr/local/include/curand_kernel.h").write_text("/* SANDBOX ONLY: a CUDA toolkit's cuRAND header "
+                                                             "(deployer/sandbox/image.py) */\n")
     lib = mk("usr/local/lib/deployer-sandbox")
     # every engine's stand-in (<engine>_standin*.py) and what they share (standin_*.py): no list to keep, a new
     # engine's stand-in is copied by its name; and one GPU canary rank, simulated

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sandbox_helpers import FAST, SVC, deployer, main_pid, needs_sandbox, sandbox_hosts, sh, up
+from sandbox_helpers import FAST, SVC, deployer, flat, main_pid, needs_sandbox, sandbox_hosts, sh, up
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
 H = "sbx1"
@@ -125,6 +125,20 @@ def test_03_refused_before_any_restart(args, said, stage):
     out = r.stdout + r.stderr
     assert said in out, out[-3000:]
     assert main_pid(H) == pid and manifest()["id"] == live   # nothing restarted, nothing switched
+
+
+def test_03b_a_cuda_toolkit_without_curand_s_headers_is_refused_before_any_restart():
+    """nvcc alone (CUDA's minimal install): FlashInfer's sampling kernels include cuRAND's headers from that toolkit's
+    include directory only, so SGLang would load and fail its first sampled request's JIT compile ("fatal error:
+    curand.h: No such file or directory", measured with CUDA 13.0's nvcc on this project's machine)."""
+    sh(H, "mkdir -p /opt/cuda-nvcc-only/bin /opt/cuda-nvcc-only/include && "
+          "cp /usr/local/bin/nvcc /opt/cuda-nvcc-only/bin/")
+    pid, live = main_pid(H), manifest()["id"]
+    r = up(*SG, "-e", '{"deployer_env_extra": {"CUDA_HOME": "/opt/cuda-nvcc-only"}}')
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "curand: measured none (no /opt/cuda-nvcc-only/include/curand_kernel.h), expected cuRAND's headers" in \
+        flat(r.stdout + r.stderr), (r.stdout + r.stderr)[-3000:]
+    assert main_pid(H) == pid and manifest()["id"] == live
 
 
 def test_04_drafter_without_config_json_is_refused_before_anything_changes(tmp_path):

@@ -42,7 +42,7 @@ def test_sglang_plan_names_its_engine_venv_and_launch():
                            # the GPU canary before the restart: CUDA, NCCL, Triton and FlashInfer's sampling (JIT)
                            "gpu_canary": True, "canary_probes": ["sglang_flashinfer_sampling"],
                            # FlashInfer's JIT: the verify stage checks these for the service user
-                           "jit_toolchain": ["nvcc", "ninja", "c++"],
+                           "jit_toolchain": ["nvcc", "ninja", "c++", "curand"],
                            # what its verifier holds extra words to: SGLang's ServerArgs fields of its own flags
                            "managed_dests": ["api_key", "attention_backend", "context_length", "device",
                                              "enable_metrics", "host", "kv_cache_dtype", "language_model_only",

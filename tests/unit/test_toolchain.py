@@ -6,7 +6,7 @@ from deployer.host_checks import toolchain_refusal
 GOOD = {"cc": "/usr/bin/gcc", "cc_found": True, "include": "/usr/include/python3.11", "python_h": True,
         "path": "/v/bin:/usr/bin", "python": "/v/bin/python",
         "programs": {"nvcc": {"found": True, "how": ""}, "ninja": {"found": True, "how": ""},
-                     "c++": {"found": True, "how": ""}}}
+                     "c++": {"found": True, "how": ""}, "curand": {"found": True, "how": ""}}}
 VLLM, SGLANG = engines.describe("vllm"), engines.describe("sglang")
 
 
@@ -22,6 +22,22 @@ def test_no_nvcc_refuses_sglang_only_with_how_it_was_looked_for():
         "run-time toolchain, as the service user vllm in the unit's environment: nvcc: measured none (CUDA_HOME="
         "/opt/no-cuda: no /opt/no-cuda/bin/nvcc), expected the CUDA toolkit (its nvcc), or CUDA_HOME in "
         "deployer_env_extra; SGLang's FlashInfer compiles its kernels at run time with them "
+        "(flashinfer/jit/cpp_ext.py), after the load.")
+
+
+def test_a_toolkit_without_curand_s_headers_refuses_sglang_naming_where_it_looked():
+    """FlashInfer 0.7's sampling kernels include curand_kernel.h from the toolkit's include directory only
+    (flashinfer/data/include/flashinfer/sampling.cuh; its JIT adds no other CUDA include path): an nvcc-only toolkit
+    passes the nvcc check and fails the compile at SGLang's first sampled request ("fatal error: curand.h: No such
+    file or directory", measured on this project's machine with CUDA 13.0's nvcc)."""
+    tc = dict(GOOD, programs=dict(GOOD["programs"], curand={"found": False,
+                                                            "how": "no /usr/local/cuda/include/curand_kernel.h"}))
+    assert toolchain_refusal(tc, VLLM, "vllm") is None
+    assert toolchain_refusal(tc, SGLANG, "vllm") == (
+        "run-time toolchain, as the service user vllm in the unit's environment: curand: measured none (no "
+        "/usr/local/cuda/include/curand_kernel.h), expected cuRAND's headers in the CUDA toolkit's include directory "
+        "(its development package, of nvcc's CUDA version; FlashInfer's sampling kernels include them and its JIT "
+        "looks nowhere else); SGLang's FlashInfer compiles its kernels at run time with them "
         "(flashinfer/jit/cpp_ext.py), after the load.")
 
 
@@ -45,5 +61,5 @@ def test_sglangs_unit_has_its_venv_first_on_path_and_vllms_sets_none():
     from deployer import plan
     p = sg()
     assert p["env"]["PATH"] == f"{p['venv']}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
-    assert p["engine"]["jit_toolchain"] == ["nvcc", "ninja", "c++"]
+    assert p["engine"]["jit_toolchain"] == ["nvcc", "ninja", "c++", "curand"]
     assert "PATH" not in plan.make_plan(dict(BASE, backend="vllm"), dict(MANIFEST))["env"]
