@@ -23,7 +23,7 @@ class VLLM(Engine):
     log_rules = metrics_rules = "vllm"
     drafts_metric = "vllm:spec_decode_num_drafts_total"
     memory_plan = True
-    canary_probes = ("vllm_marlin_repack", "vllm_moe_topk", "vllm_marlin_moe")
+    canary_probes = ("vllm_marlin_repack", "vllm_moe_topk", "vllm_marlin_moe", "vllm_fa2")
     api_key_env = "VLLM_API_KEY"
     managed_flags, positional_dests = vllm_argv.MANAGED_FLAGS, ("model_tag",)
     cuda_libraries = {

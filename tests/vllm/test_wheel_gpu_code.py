@@ -195,3 +195,24 @@ def test_the_sglang_canary_calls_flashinfer_sampling_as_sglang_does_with_flashin
     assert call["top_k"] == ("probs", (4,)) and call["top_p"] == ("probs", (4,)), call
     assert call["filter_apply_order"] == "joint", call
     assert "sglang_flashinfer_sampling" in gpu_canary.RANK0_PROBES
+
+
+@pytest.mark.parametrize("venv", ["vllm-0.16.0", "vllm-0.18.0", "vllm-0.33.0"])
+def test_the_canarys_fa2_probe_binds_to_each_releases_flash_attention(venv):
+    """FA2 (the EAGLE-3 drafter's attention) is PTX only on sm_120 in every supported release: the canary's call
+    binds to each release's own flash_attn_varlen_func by name, FA2 asked for explicitly."""
+    import sys
+    sys.path.insert(0, str(ROOT / "roles/canary/files"))
+    try:
+        import gpu_canary
+    finally:
+        sys.path.pop(0)
+    fa, calls = _release_ops(venv, "vllm/vllm_flash_attn/flash_attn_interface.py", ("flash_attn_varlen_func",))
+    fa.flash_attn_varlen_func(**gpu_canary.by_signature(fa.flash_attn_varlen_func,
+                                                        gpu_canary.fa2_args("q", "k", "v", "cu", 11, 128)))
+    call = dict(calls)["flash_attn_varlen_func"]
+    assert (call["q"], call["cu_seqlens_k"], call["max_seqlen_q"], call["causal"], call["fa_version"]) == (
+        "q", "cu", 11, True, 2), call
+    assert call["softmax_scale"] == 128 ** -0.5
+    libs, _ = read(venv)
+    assert libs["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"]["ptx_only"] > 0      # why the canary calls it

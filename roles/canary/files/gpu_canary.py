@@ -183,6 +183,37 @@ def _probe_vllm_marlin_moe(torch):
     return {"experts": c["experts"], "tokens": c["tokens"], "max_error": round(err, 5)}
 
 
+def fa2_args(q, k, v, cu, max_seqlen: int, dim: int) -> dict:
+    """flash_attn_varlen_func's arguments by name (the same in 0.16, 0.18, 0.22 and 0.33): a causal prefill, FA2."""
+    return {"q": q, "k": k, "v": v, "max_seqlen_q": max_seqlen, "cu_seqlens_q": cu, "max_seqlen_k": max_seqlen,
+            "cu_seqlens_k": cu, "softmax_scale": dim ** -0.5, "causal": True, "fa_version": 2}
+
+
+def _probe_vllm_fa2(torch):
+    """vLLM's FlashAttention 2 (vllm_flash_attn, _vllm_fa2_C): the attention of the EAGLE-3 drafter's Llama layer,
+    carried only as PTX for sm_120 by every supported release (the driver JIT-compiles it at the drafter's first
+    step).  A causal varlen prefill of two sequences, checked against torch's own attention."""
+    from vllm.vllm_flash_attn import flash_attn_interface as fa
+    if not fa.FA2_AVAILABLE:
+        raise RuntimeError(f"vLLM's FlashAttention 2 does not load: {fa.FA2_UNAVAILABLE_REASON}")
+    seqs, heads, dim = (5, 11), 4, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn((sum(seqs), heads, dim), dtype=torch.bfloat16, device="cuda", generator=g)
+               for _ in range(3))
+    cu = torch.tensor([0, seqs[0], sum(seqs)], dtype=torch.int32, device="cuda")
+    got = fa.flash_attn_varlen_func(**by_signature(fa.flash_attn_varlen_func, fa2_args(q, k, v, cu, max(seqs), dim)))
+    got = got[0] if isinstance(got, tuple) else got
+    torch.cuda.synchronize()
+    want = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(t[a:b].transpose(0, 1).float() for t in (q, k, v)), is_causal=True).transpose(0, 1)
+        for a, b in ((0, seqs[0]), (seqs[0], sum(seqs)))])
+    err = (got.float() - want).abs().max().item()
+    if not err <= 0.03:          # NaN too
+        raise AssertionError(f"FlashAttention 2: largest error {err:.4g} against torch's attention, expected at "
+                             "most 0.03")
+    return {"heads": heads, "head_dim": dim, "max_error": round(err, 5)}
+
+
 def _probe_sglang_flashinfer_sampling(torch):
     """FlashInfer's top-k/top-p sampling kernel, called as SGLang's sampler calls it (flashinfer.sampling,
     ``filter_apply_order="joint"``): FlashInfer ships no prebuilt kernels, so this JIT-compiles it with the
@@ -205,7 +236,8 @@ def _probe_sglang_flashinfer_sampling(torch):
 
 
 PROBES = {"vllm_marlin_repack": _probe_vllm_marlin_repack, "vllm_moe_topk": _probe_vllm_moe_topk,
-          "vllm_marlin_moe": _probe_vllm_marlin_moe, "sglang_flashinfer_sampling": _probe_sglang_flashinfer_sampling}
+          "vllm_marlin_moe": _probe_vllm_marlin_moe, "vllm_fa2": _probe_vllm_fa2,
+          "sglang_flashinfer_sampling": _probe_sglang_flashinfer_sampling}
 # probes run on rank 0 only (unless --triton-every-rank): a JIT compile, which every rank would otherwise queue
 # for behind FlashInfer's build lock, into the one cache the server reads
 RANK0_PROBES = frozenset({"sglang_flashinfer_sampling"})
