@@ -53,6 +53,18 @@ def test_a_real_marlin_moe_gemm_ran_and_its_answer_checked_cold_and_warm():
     assert probes[""]["vllm_marlin_moe"]["seconds"] > 50 > 1 > probes["_warm"]["vllm_marlin_moe"]["seconds"]
 
 
+def test_a_real_fa2_prefill_ran_and_matched_torch_cold_and_warm():
+    """FlashAttention 2 (the EAGLE-3 drafter's attention) on the same H200 and vLLM 0.22.0: its _vllm_fa2_C carries
+    only PTX (52 of 52 units on sm_90 as on sm_120), so the cold call is the driver's JIT; checked against torch."""
+    for w in ("", "_warm"):
+        v = canary.verdict(real(f"world1_vllm_0.22.0_fa2{w}.txt"), 1)
+        assert v["refusal"] is None and v["ok"] and v["measured"]["probes"]["vllm_fa2"] == "ok", v
+    fa2 = {w: [p for p in real(f"world1_vllm_0.22.0_fa2{w}.txt")["ranks"][0]["probes"] if p["probe"] == "vllm_fa2"][0]
+           for w in ("", "_warm")}
+    assert fa2[""]["max_error"] == 0.0077 and fa2[""]["head_dim"] == 128
+    assert fa2[""]["seconds"] > 10 > 1 > fa2["_warm"]["seconds"]
+
+
 def test_a_real_gpu_that_fails_cuda_init_is_named_not_the_rank_that_waited_for_it():
     for f in ("world2_nccl30.txt", "world2_timeout.txt"):
         v = canary.verdict(real(f), 2)
