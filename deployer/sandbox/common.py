@@ -31,7 +31,12 @@ KNOBS_DIR = "/etc/deployer-sandbox"
 STANDIN_SEED = "/var/lib/deployer-sandbox/standin-seed"   # the seed's stand-in answers (root's, read-only to it)
 # the stand-in's answers kept on this machine between hosts and runs (keyed by the files that decide them: a host
 # whose venv holds the same files gets them at boot; vllm_standin.py): the controller user's own cache
-STANDIN_ANSWERS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deployer" / "standin-answers"
+def controller_cache() -> Path:
+    """The controller user's own deployer cache (what scripts/dev.sh fills: ~/.cache/deployer)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deployer"
+
+
+STANDIN_ANSWERS = controller_cache() / "standin-answers"
 # the stand-in's answer files (vllm_standin.py names them so): the only names saved, and restored into a tmpfiles.d line
 STANDIN_ANSWER = re.compile(r"eagle3-[0-9a-f]{16}\.json")
 STANDIN_PATH = "/usr/local/lib/deployer-sandbox/vllm_standin.py"

@@ -26,6 +26,7 @@ from deployer.sandbox.common import (
     SUDO_UID,
     SUDO_USER,
     Host,
+    controller_cache,
     is_real,
     is_sudo,
 )
@@ -56,7 +57,7 @@ def uv_cache_dir() -> Path:
 def prepared_venvs_dir() -> Path:
     """Where ``scripts/dev.sh`` keeps the engines' venvs it installed from the uv cache (their files are hard links
     of the cache's unpacked wheels)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deployer" / "venvs"
+    return controller_cache() / "venvs"
 
 
 def cache_slice(cache: Path, venvs: tuple[str, ...]) -> list[Path]:
