@@ -14,6 +14,7 @@ from typing import Any
 _REPO = Path(__file__).resolve().parent.parent
 _TEMPLATES = [_REPO / "templates" / n for n in ("engine.service.j2", "engine.env.j2")]
 _LINE_SPLITTER = _REPO / "roles" / "render" / "files" / "journal_lines.py"
+_API_GUARD = _REPO / "roles" / "render" / "files" / "api_guard.py"
 
 
 def line_splitter_sha256() -> str:
@@ -24,6 +25,13 @@ def line_splitter_path(bin_dir: str) -> str:
     """Where the unit's log-line wrapper lives on the host: named by its content (root's bin/, readable by the
     service user), so every release keeps running the exact wrapper it was rendered with."""
     return f"{bin_dir}/journal_lines-{line_splitter_sha256()[:12]}.py"
+
+
+def api_guard_module(bin_dir: str) -> tuple[str, str]:
+    """The API guard vLLM loads with ``--middleware`` (roles/render/files/api_guard.py): its path on the host and its
+    module name, both named by its content (a release keeps the guard it was rendered with)."""
+    module = "deployer_api_guard_" + hashlib.sha256(_API_GUARD.read_bytes()).hexdigest()[:12]
+    return f"{bin_dir}/{module}.py", module
 
 
 def templates_hash() -> str:

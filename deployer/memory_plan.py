@@ -48,21 +48,27 @@ def weights(groups: dict, tp: int) -> tuple[int, int]:
     return sum(groups.values()) - rep, rep
 
 
-def _int(cfg: dict, key: str, where: str) -> int:
-    v = cfg.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise MemoryPlanError(f"{where}: {key} is {v!r}, expected a non-negative integer")
+# A checkpoint's config.json is the checkpoint's word (issue 53 N12): every number the arithmetic uses is an integer
+# within what a model can have (a bigger one asked for an allocation as large as it said; 0 divided by zero)
+MAX_FIELD = 1 << 30
+
+
+def _int(cfg: dict, key: str, where: str, low: int = 0, default=None) -> int:
+    v = cfg.get(key, default) if isinstance(cfg, dict) else None
+    if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= MAX_FIELD:
+        raise MemoryPlanError(f"{where}: {key} is {str(v)[:40]!r}, expected an integer from {low} to {MAX_FIELD}")
     return v
 
 
 def kv_bytes_per_token(cfg: dict, tp: int, dtype_bytes: int, where: str = "config.json") -> int:
-    """KV bytes one token costs on each rank, all layers."""
-    layers = _int(cfg, "num_hidden_layers", where)
+    """KV bytes one token costs on each rank, all layers (at least 1)."""
+    layers = _int(cfg, "num_hidden_layers", where, 1)
     if cfg.get("kv_lora_rank"):      # MLA: the compressed latent and the rope key, replicated on every rank
-        return layers * (_int(cfg, "kv_lora_rank", where) + _int(cfg, "qk_rope_head_dim", where)) * dtype_bytes
-    heads = _int(cfg, "num_attention_heads", where)
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or _int(cfg, "hidden_size", where) // max(heads, 1)
+        return layers * (_int(cfg, "kv_lora_rank", where, 1) + _int(cfg, "qk_rope_head_dim", where)) * dtype_bytes
+    heads = _int(cfg, "num_attention_heads", where, 1)
+    kv_heads = _int(cfg, "num_key_value_heads", where, 1, heads) if cfg.get("num_key_value_heads") else heads
+    head_dim = (_int(cfg, "head_dim", where, 1) if cfg.get("head_dim")
+                else max(1, _int(cfg, "hidden_size", where, 1) // heads))
     return layers * 2 * max(1, kv_heads // tp) * head_dim * dtype_bytes
 
 

@@ -21,6 +21,7 @@ user                the unprivileged system user the server runs as (never root)
 unit                what the unit needs beyond argv/env: user, writable paths, device allow-list (docs/hardening.md),
                     the log-line wrapper's path (None: the engine is the main process)
 api_protected       clients must send the API key (or the server listens on loopback only)
+api_exposure        what the server answers, and to whom (Engine.exposure: the API guard, the key, the bind)
 port                serving port (loopback checks use it)
 extra_args_count    how many words at the argv's end are the operator's extra_args (the verify stage asks the
                     engine's own parser that they set no managed flag)
@@ -53,7 +54,7 @@ from deployer import engines, versions
 from deployer.engines.argv import ServeConfigError, systemd_exec_quote
 from deployer.host.module_utils import formats, spec_metrics
 from deployer.host.module_utils.load_rules import RULESETS
-from deployer.identity import line_splitter_path, templates_hash
+from deployer.identity import api_guard_module, line_splitter_path, templates_hash
 from deployer.live_secrets import live_secrets
 
 SECRET_KEYS = ("api_key", "hf_token")
@@ -208,6 +209,9 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
             raise PlanError(f"environment: {k}={str(v)!r} contains the control character {bad}; an env file line "
                             "ends there")
         env[k] = str(v)
+    if eng.api_guard and env.get("PYTHONPATH") != eng.env(s, sc).get("PYTHONPATH"):
+        raise PlanError(f"environment: PYTHONPATH is the deployer's ({eng.env(s, sc).get('PYTHONPATH')}: where "
+                        f"{eng.label} imports the API guard, docs/security.md); got {env.get('PYTHONPATH')!r}")
     restart_delay = int(_need(s, "restart_delay_seconds"))
     line_splitter = _need(s, "log_line_splitter")
     if not isinstance(line_splitter, bool):
@@ -225,8 +229,10 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "patch_state": "present" if patched else "absent",
         "service": service, "unit_path": f"/etc/systemd/system/{service}.service", "user": user,
         "unit": {"user": user, "writable_paths": [sc] + writable, "device_allow": [],
-                 "line_splitter": wrapper},
+                 "line_splitter": wrapper,
+                 "api_guard": api_guard_module(dirs["bin"])[0] if eng.guarded(argv) else None},
         "api_protected": api_protected,
+        "api_exposure": eng.exposure(argv, bool(s.get("api_key")), is_loopback(bind)),
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
         "draft_tokens_per_step": eng.draft_tokens_per_step(s) if speculative else 0,

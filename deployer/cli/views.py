@@ -63,8 +63,30 @@ def _phases(ps) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _api(protected) -> str:
-    return "-" if protected is None else ("key" if protected else "[red]OPEN[/]")
+def _exposure(r: dict, keyed=None) -> tuple[str, bool]:
+    """What a release's server answers, and to whom (``Engine.exposure`` over its recorded argv), and whether all of
+    it asks the key.  ``keyed``: whether the live secrets hold a key (status reads them); else the release's record."""
+    from deployer import engines
+    from deployer.plan import is_loopback
+    argv = [str(a) for a in r.get("argv") or []]
+    if keyed is None:
+        keyed = bool(r.get("api_protected"))
+    try:
+        eng = engines.get(r.get("backend") or engines.RECORDED_BEFORE_BACKENDS)
+    except engines.EngineError:
+        return "unknown engine", False
+    loopback = is_loopback(engines.argv_value(argv, "--host") or "0.0.0.0")
+    return eng.exposure(argv, keyed, loopback), loopback or (keyed and (eng.guarded(argv) or not eng.api_guard))
+
+
+def _api(r: dict) -> str:
+    if r.get("api_protected") is None and not r.get("argv"):
+        return "-"
+    text, closed = _exposure(r)
+    if "loopback only" in text:
+        return "loopback"
+    return ("key+guard" if "API guard" in text else "key") if closed else (
+        "[red]key /v1 only[/]" if r.get("api_protected") else "[red]OPEN[/]")
 
 
 def _engine(r: dict) -> str:
@@ -110,7 +132,7 @@ def releases(host: Host = None, port: Port = 22, user: User = "root", key: Key =
                 _num(r.get("load_seconds")), _prewarm(r.get("prewarm")), str(r.get("compile_cache") or "-"),
                 _kv(r), _num(r.get("acceptance_rate")), _num(r.get("tokens_per_second")),
                 _gain(r.get("speculation_payoff")))),
-                      _api(r.get("api_protected")))
+                      _api(r))
         out.print(t)
         if st.get("lock"):
             out.print(f"[yellow]locked[/] by {lit(st['lock'])}")
@@ -156,10 +178,9 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
                       f"{lit(fatal.get('line'))}")
         live = next((r for r in st.get("releases", []) if r["id"] == st.get("current")), {})
         down = (live.get("downtime") or {}).get("seconds")
-        api = live.get("api_protected")
-        out.print("  API " + ("protected (API key or loopback only)" if api else
-                              "[red]OPEN[/] to the network (no API key)" if api is not None else "protection unknown")
-                  + lit(f"; last deploy: downtime {_num(down)} s, load {_num(live.get('load_seconds'))} s, "
+        exposed, closed = _exposure(live, st.get("api_key_set")) if live else ("unknown", True)
+        out.print("  API " + (lit(exposed) if closed else f"[red]{lit(exposed)}[/]"))
+        out.print(lit(f"  last deploy: downtime {_num(down)} s, load {_num(live.get('load_seconds'))} s, "
                         f"prewarm {_prewarm(live.get('prewarm'))} s, compile cache {live.get('compile_cache') or '-'}"
                         + _phases(live.get("phase_seconds"))))
         lock = st.get("lock")

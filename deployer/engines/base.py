@@ -39,6 +39,12 @@ class Engine:
     # JIT_ADVICE); the venv's bin is then first on the unit's PATH, as in an activated venv (the tools are run by name)
     jit_toolchain: tuple = ()
     api_key_env = ""           # the environment variable it reads its API key from (the live 0600 env file), if any
+    # Whether it loads the deployer's API guard (roles/render/files/api_guard.py: /v1 with the key, /health and
+    # /metrics, nothing else), and what it answers without the guard: the paths its own key check leaves open
+    # (docs/security.md).  ``exposure`` says it for a plan and for a recorded release (its argv).
+    api_guard = False
+    keyed_paths = "every path"
+    unguarded_open = "none"
     # the flags its argv builder owns (extra words may not set them, under any spelling: argv.check_extra_args), and
     # the parser destinations of its positional words; the verifier gets the destinations (managed_dests) on its
     # command line, so that its check of the engine's own parser never keeps a copy of its own
@@ -108,6 +114,20 @@ class Engine:
         """Fields of the target's config this release's EAGLE proposer reads when it loads the drafter (after the
         target's weights): each must be there, or the load dies at its end."""
         return []
+
+    def guarded(self, argv: list[str]) -> bool:
+        """Whether this argv loads the deployer's API guard."""
+        return False
+
+    def exposure(self, argv: list[str], keyed: bool, loopback: bool) -> str:
+        """What the server answers, and to whom: one line for ``status``, ``releases`` and the release record."""
+        where = "on loopback only: " if loopback else ""
+        if self.guarded(argv):
+            return (f"{where}/v1 {'with the API key' if keyed else 'without a key'}, /health and /metrics; every "
+                    "other path refused (API guard)")
+        if not keyed:
+            return f"{where}every path without a key"
+        return f"{where}{self.keyed_paths} with the API key; without one: {self.unguarded_open}"
 
     def managed_dests(self) -> list[str]:
         """The parser destinations of ``managed_flags`` (argparse's rule: ``--a-b`` -> ``a_b``; a short alias has

@@ -20,6 +20,10 @@ class SGLang(Engine):
     canary_probes = ("sglang_flashinfer_sampling",)
     cuda_libraries = {"sgl_kernel/*.so": "sgl-kernel", "sgl_kernel/*/*.so": "sgl-kernel, per-architecture builds"}
     unit_marker = "--model-path"
+    # SGLang's own key check (srt/utils/auth.py decide_request_auth, 0.5.23) asks the key everywhere but
+    # /health*, /ready*, /metrics*; its admin routes take the same key when no admin key is set (docs/security.md)
+    keyed_paths = "every path (its admin routes too)"
+    unguarded_open = "/health*, /ready*, /metrics* (SGLang's own check)"
     managed_flags = sglang_argv.MANAGED_FLAGS
     # once started, SGLang's /health runs a one-token generation and answers when the scheduler does: after at
     # least 1 s, at most SGLANG_HEALTH_CHECK_TIMEOUT (20 s) later with 503 (srt/entrypoints/http_server.py)

@@ -25,6 +25,11 @@ class VLLM(Engine):
     memory_plan = True
     canary_probes = ("vllm_marlin_repack", "vllm_moe_topk", "vllm_marlin_moe", "vllm_fa2")
     api_key_env = "VLLM_API_KEY"
+    # vLLM's AuthenticationMiddleware checks the key on /v1 only (vllm/entrypoints/openai/server_utils.py); its
+    # --middleware loads the guard around every route (engines/vllm_argv.py api_guard_words)
+    api_guard = True
+    keyed_paths = "/v1"
+    unguarded_open = "every path outside /v1 (/invocations, /tokenize, /pause, ...)"
     managed_flags, positional_dests = vllm_argv.MANAGED_FLAGS, ("model_tag",)
     cuda_libraries = {
         "vllm/_moe_C*.so": "fused MoE, Kimi's INT4 Marlin MoE among them",
@@ -52,8 +57,13 @@ class VLLM(Engine):
             "speculative": ({"method": "eagle3", "model": drafter["dir"],
                              "num_speculative_tokens": s["num_speculative_tokens"],
                              "extra": s.get("speculative_extra") or {}} if drafter else {}),
+            "api_guard": identity.api_guard_module(f"{s['root'].rstrip('/')}/bin")[1],
             "extra_args": s.get("extra_args") or [],
         })
+
+    def guarded(self, argv):
+        mw = argv_value(argv, "--middleware") or ""
+        return mw.startswith("deployer_api_guard_") and mw.endswith("." + vllm_argv.API_GUARD_CLASS)
 
     def speculative_of(self, argv):
         raw = argv_value(argv, "--speculative-config", "-sc")
@@ -66,8 +76,9 @@ class VLLM(Engine):
         return True, int(cfg.get("num_speculative_tokens") or 0) if isinstance(cfg, dict) else 0
 
     def env(self, s, server_cache):
+        # PYTHONPATH: root's bin/, where the API guard's module lives (vLLM imports --middleware by name)
         return {"VLLM_ENGINE_READY_TIMEOUT_S": str(int(s["engine_ready_timeout_seconds"])),
-                "VLLM_CACHE_ROOT": f"{server_cache}/vllm"}
+                "VLLM_CACHE_ROOT": f"{server_cache}/vllm", "PYTHONPATH": f"{s['root'].rstrip('/')}/bin"}
 
     # Where a release reads the drafter's aux layer ids and how it sizes the drafter's fc, measured on each release's
     # own source (bench/compat_matrix.py, docs/compatibility.md): up to 0.20, gpu_model_runner.py reads only a

@@ -7,6 +7,7 @@ runs vLLM's own parser on the result before any restart (roles/verify/files/vllm
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from deployer.engines.argv import ServeConfigError, check_extra_args, common_fields, num_word, switch_flag
@@ -91,22 +92,39 @@ FLAGS = (
     ("safetensors_load_strategy", ("--safetensors-load-strategy",), _load_strategy),
     ("model_loader_extra_config", ("--model-loader-extra-config",), _loader_extra),
 )
+
+
+def api_guard_words(module: str | None) -> list[str]:
+    """``--middleware <module>.ApiGuard``: the deployer's API guard (roles/render/files/api_guard.py), loaded by vLLM's
+    own ``build_app`` around every route (vLLM checks its key on /v1 only).  Managed: an operator's second
+    ``--middleware`` word is refused, so the list vLLM builds is the deployer's alone."""
+    if not module:
+        return []
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", module):
+        raise ServeConfigError(f"api guard module: got {module!r}, expected a Python module name")
+    return ["--middleware", f"{module}.{API_GUARD_CLASS}"]
+
+
+API_GUARD_CLASS = "ApiGuard"
+
 # Flags the deployer owns.  Free-form ``extra_args`` may not set them again (two sources of truth for the same flag
 # is how a 25-minute load ends in surprise): common_fields' own, the table's, the key (env file only), and a YAML of
 # flags (--config: FlexibleArgumentParser expands it into the argv, so it could set any of them) or --model.
 MANAGED_FLAGS = (("--served-model-name", "--host", "--port", "--tensor-parallel-size", "-tp")
-                 + tuple(f for _key, flags, _render in FLAGS for f in flags) + ("--api-key", "--config", "--model"))
+                 + tuple(f for _key, flags, _render in FLAGS for f in flags)
+                 + ("--api-key", "--config", "--model", "--middleware"))
 
 
 def build_serve_argv(spec: dict) -> list[str]:
     """Validate ``spec`` and return the full argv, launcher first.
 
     ``spec`` keys: launcher (list), model, served_model_name, host, port, tensor_parallel_size, every ``FLAGS``
-    key (speculative: {method, model, num_speculative_tokens, extra} or None/{} for no speculation), extra_args
-    (list of str).
+    key (speculative: {method, model, num_speculative_tokens, extra} or None/{} for no speculation), api_guard
+    (the guard's module name, or None), extra_args (list of str).
     """
     launcher, model, port, tp, name = common_fields(spec)
     words = [w for key, flags, render in FLAGS for w in render(key, flags[0], spec.get(key))]
+    words += api_guard_words(spec.get("api_guard"))
     extra = check_extra_args(spec.get("extra_args") or [], MANAGED_FLAGS, "extra_args")
     return (list(launcher) + ["serve", model, "--served-model-name", name, "--host", spec["host"], "--port", str(port),
                               "--tensor-parallel-size", str(tp)] + words + list(extra))

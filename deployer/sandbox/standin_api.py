@@ -7,8 +7,10 @@ key: 401 as both engines answer it, the reply, its reasoning field), and the reh
 names of its fields, the shape of its error bodies, its /health and its log.  Copied beside the stand-ins onto a
 sandbox host (deployer/sandbox/image.py copies every ``*standin*.py``).  Standard library only.
 """
+import asyncio
 import json
 import time
+import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
@@ -31,6 +33,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     reply_words = ""            # the stand-in's reply starts with these
     reply_id = ""               # and its id
     started = 0.0
+    middleware = ()             # ASGI middleware the engine loaded (vLLM's --middleware), in the order it added them
+    open_posts = ()             # paths outside /v1 the engine answers without its key (vLLM: /invocations, /pause ...)
 
     @classmethod
     def make(cls, **attrs):
@@ -71,6 +75,40 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _through_middleware(self):
+        """Run the request through the loaded ASGI middleware as Starlette does (the last added is the outermost):
+        True when it reaches the routes, else the middleware's own answer is sent."""
+        if not self.middleware:
+            return True
+        passed, sent = [], []
+
+        async def routes(scope, receive, send):
+            passed.append(True)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        app = routes
+        for cls in self.middleware:
+            app = cls(app)
+        path, _, query = self.path.partition("?")
+        scope = {"type": "http", "method": self.command, "path": urllib.parse.unquote(path), "root_path": "",
+                 "query_string": query.encode("latin-1"), "client": self.client_address[:2],
+                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]}
+        asyncio.run(app(scope, receive, send))
+        if passed:
+            return True
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        self.send_response(start["status"])
+        for k, v in start.get("headers", []):
+            self.send_header(k.decode("latin-1"), v.decode("latin-1"))
+        self.end_headers()
+        self.wfile.write(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+        return False
+
     def _json(self, code, obj):
         self._send(code, json.dumps(obj).encode())
 
@@ -81,7 +119,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         return False
 
     def do_GET(self):
-        if not self.gate():
+        if not self.gate() or not self._through_middleware():
             return
         if self.path in self.health_paths:      # exempt from the API key, as /metrics
             return self.health()
@@ -97,11 +135,12 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._json(404, {"detail": "Not Found"})
 
     def do_POST(self):
-        if not self.gate():
+        if not self.gate() or not self._through_middleware():
             return
-        if self.path != "/v1/chat/completions":
-            return self._json(404, {"detail": "Not Found"})
-        if not self._authorized():
+        chat = self.path == "/v1/chat/completions" or (self.path == "/invocations" and self.path in self.open_posts)
+        if not chat:     # an operational route outside /v1 (vLLM's /pause: no key asked) answers; the rest is 404
+            return self._json(200, {}) if self.path in self.open_posts else self._json(404, {"detail": "Not Found"})
+        if self.path.startswith("/v1/") and not self._authorized():
             return
         try:
             req = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")

@@ -32,6 +32,7 @@ can fail while the previous one still starts).  Standard library, plus the venv'
 """
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import sys
@@ -175,6 +176,9 @@ class VllmApi(api.ApiHandler):
     owned_by, reasoning_field = "vllm", "reasoning"
     reply_words, reply_id = "Sandbox stand-in reply", "chatcmpl-standin"
     card_extra = {"parent": None, "permission": []}
+    # outside /v1, which vLLM's AuthenticationMiddleware alone checks: SageMaker's inference route and the
+    # operational ones (vllm/entrypoints/sagemaker/api_router.py, serve/rlhf/api_router.py)
+    open_posts = ("/invocations", "/pause", "/resume")
 
     def log_message(self, fmt, *a):
         out = stream("APIServer")
@@ -228,6 +232,7 @@ def parse_args(argv):
     s.add_argument("--trust-remote-code", action="store_true")
     s.add_argument("--speculative-config", type=json.loads)
     s.add_argument("--enforce-eager", action="store_true")
+    s.add_argument("--middleware", action="append", default=[])
     return p.parse_known_args(argv)
 
 
@@ -344,8 +349,15 @@ def serve(args, k, spec):
     metrics.no_drafts = bool(k.get("no_drafts"))
     started = time.time()
     name = args.served_model_name or args.model_tag
+    # build_app: each --middleware imported by name once the engine is up (a missing one fails after the load),
+    # a class added with app.add_middleware
+    middleware = []
+    for mw in args.middleware:
+        module_path, object_name = mw.rsplit(".", 1)
+        middleware.append(getattr(importlib.import_module(module_path), object_name))
     handler = VllmApi.make(knobs=k, metrics=metrics, api_key=os.environ.get("VLLM_API_KEY", ""), model_name=name,
-                           model_root=args.model_tag, max_model_len=args.max_model_len or 262144, started=started)
+                           model_root=args.model_tag, max_model_len=args.max_model_len or 262144, started=started,
+                           middleware=tuple(middleware))
     srv = ThreadingHTTPServer((host, args.port), handler)
     log(None, raw="Available routes are:", who="APIServer", where="launcher.py")
     uvicorn = stream("APIServer")

@@ -6,11 +6,12 @@ unprivileged unit, the watch (phases from the real journal), the smoke (acceptan
 releases and rollback.  What only a GPU can show is listed in docs/real-engine.md ("On a CPU")."""
 import json
 import re
+import subprocess
 import time
 
 import pytest
 
-from deployer.sandbox import real_engine
+from deployer.sandbox import common, inventory, real_engine
 from sandbox_helpers import SVC, auth, deployer, flat, needs_sandbox, sandbox_hosts, sh, stages
 
 pytestmark = [pytest.mark.sandbox, needs_sandbox]
@@ -61,9 +62,27 @@ def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_draft
     # cache is VLLM_CPU_KVCACHE_SPACE, not a share of GPU memory)
     assert live["kv_cache_tokens"] > 0 and live["kv_cache_tokens_planned"] is None, live
     assert live["tokens_per_second"] > 0, live
-    # the real API-key check: 401 without the key, 200 with it
-    assert sh(H, "curl -s -o /dev/null -w '%{http_code}' localhost:8000/v1/models") == "401"
-    assert sh(H, f"curl -s -o /dev/null -w '%{{http_code}}' {auth()} localhost:8000/v1/models") == "200"
+    # the real API-key check, from the controller (off the host): 401 without the key, 200 with it; and what the
+    # real vLLM answers without a key outside /v1 (issue 53 N1: the same inference at /invocations, /pause) is
+    # refused by the deployer's API guard, which the real build_app loaded (--middleware)
+    ip = {h.name: h.ip for h in common.hosts_on_disk()}[H]
+    chat = json.dumps({"model": rel["served_model_name"], "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 2})
+
+    def code(path, *curl):
+        return subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *curl,
+                               f"http://{ip}:8000{path}"], capture_output=True, text=True, timeout=120).stdout
+    key = ["-H", "Authorization: Bearer " + inventory.api_key()]
+    post = ["-X", "POST", "-H", "Content-Type: application/json", "-d", chat]
+    assert (code("/v1/models"), code("/v1/models", *key)) == ("401", "200")
+    assert code("/v1/chat/completions", *post, *key) == "200"
+    assert (code("/invocations", *post), code("/pause", "-X", "POST"), code("/tokenize", *post, *key)) == \
+        ("403", "403", "403")
+    assert (code("/health"), code("/metrics")) == ("200", "200")
+    assert code("/v1/chat/completions", *post, *key) == "200"          # and the engine was not paused
+    st = deployer("status", "--sandbox")
+    assert "API /v1 with the API key, /health and /metrics; every other path refused (API guard)" in flat(st.stdout), \
+        st.stdout
     # and the same again is a no-op: nothing restarted
     pid = sh(H, f"systemctl show -p MainPID --value {SVC}")
     r = up()

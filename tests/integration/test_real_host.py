@@ -72,12 +72,22 @@ def test_02_open_api_is_refused_before_anything_changes():
     err = flat(r.stderr)
     assert "host: got '0.0.0.0' with no API key" in err and "deployer_allow_unauthenticated: true" in err, err
     assert (main_pid(H), sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/releases")) == before
-    # the explicit override is accepted (check mode: nothing changes) and the live release shows protected
+    # the explicit override is accepted (check mode: nothing changes) and status says what the live release exposes
     r = up("--check", "-e", "deployer_api_key=", "-e", "deployer_allow_unauthenticated=true")
     assert r.returncode == 0, r.stdout + r.stderr
     r = deployer("status", "--sandbox")
-    assert "API protected" in flat(r.stdout), r.stdout
+    assert "API /v1 with the API key, /health and /metrics; every other path refused (API guard)" in flat(r.stdout), \
+        r.stdout
     assert json.loads(deployer("releases", "--sandbox", "--json").stdout)[H]["releases"][0]["api_protected"] is True
+    # guards (issue 53 N4): an account someone else made is never taken as the service user (usermod'ed, handed to
+    # the checkpoint's remote code); refused before anything changes, the account as it was
+    sh(H, "id postgres >/dev/null 2>&1 || useradd -r -d /var/lib/postgresql -s /bin/bash -c 'PostgreSQL administrator' "
+          "postgres")
+    passwd = sh(H, "getent passwd postgres")
+    r = up("-e", "deployer_service_user=postgres")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "service user postgres: an existing account the deployer did not create" in flat(r.stderr), r.stderr
+    assert sh(H, "getent passwd postgres") == passwd and main_pid(H) == before[0]
 
 
 def test_03_warm_compile_cache_prewarm_before_the_stop_and_downtime():
@@ -410,11 +420,45 @@ def test_10_the_service_user_cannot_make_root_chown_or_run_anything_for_it():
         assert sh(H, f"stat -c '%F %U %a' /opt/deployer/cache/server/{d}") == "directory vllm 750", d
     assert "replaced what the service user could have planted" in flat(r.stdout + r.stderr) or \
         sh(H, "test -L /opt/deployer/cache/server/triton && echo link || echo dir") == "dir"
-    # guards: vLLM's own checks (they run the model's config code: --trust-remote-code) ran as the service user in
-    # a sandboxed transient unit, never as root
-    reports = sh(H, "cat /opt/deployer/cache/verify/*.json")
-    assert '"ran_as": {"uid": ' in reports and '"user": "vllm"' in reports, reports[-2000:]
-    assert '"user": "root"' not in reports
+    # guards: vLLM's own checks (they run the model's config code: --trust-remote-code) ran in a sandboxed transient
+    # unit, never as root, and (issue 53 N2) not as the live server's user either: a user of their own for the run
+    reports = sh(H, "cat /opt/deployer/cache/verify/[0-9a-f]*.json")
+    assert '"ran_as": {"uid": ' in reports and '"user": "deployer-verify"' in reports, reports[-2000:]
+    assert '"user": "root"' not in reports and '"user": "vllm"' not in reports
+    assert set(sh(H, "stat -c '%a' /opt/deployer/cache/verify/[0-9a-f]*.json").split()) == {"600"}
+
+
+# a checkpoint whose config code reads every process's environment it can open into its error (issue 53 N2)
+_HOSTILE_CONFIG = """
+import glob
+found = []
+for p in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        found.append(open(p, "rb").read().replace(b"\\0", b" ").decode("latin-1"))
+    except OSError as e:
+        found.append(type(e).__name__)
+raise ValueError("ENVIRON-DUMP " + " | ".join(found))
+"""
+
+
+def test_10b_the_checks_of_a_new_checkpoint_cannot_read_the_live_servers_secrets():
+    from deployer.sandbox import inventory
+    from deployer.sandbox.common import SMALL_MODEL_DIR
+    key = inventory.api_key()
+    pid = main_pid(H)
+    assert key in sh(H, f"tr '\\0' ' ' < /proc/{pid}/environ")       # the live server holds it (root sees it)
+    evil = "/srv/models/evil-config"
+    sh(H, f"rm -rf {evil} && cp -r {SMALL_MODEL_DIR} {evil} && cd {evil} && python3 -c '"
+          "import json; c = json.load(open(\"config.json\")); c[\"model_type\"] = \"evil_probe\"; "
+          "c[\"auto_map\"] = {\"AutoConfig\": \"configuration_evil.EvilConfig\"}; "
+          "json.dump(c, open(\"config.json\", \"w\"))'")
+    sh(H, f"cat > {evil}/configuration_evil.py <<'EOF'\n{_HOSTILE_CONFIG}\nEOF\nchmod -R a+rX {evil}")
+    r = up("--json", "-e", f"deployer_model_dir={evil}", "-e", "deployer_max_model_len=10240")
+    assert r.returncode == 4, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "ENVIRON-DUMP" in r.stdout + r.stderr, r.stdout[-3000:]       # its code ran, and its error came back
+    assert key not in r.stdout + r.stderr           # --json is what a schedule's webhook is sent
+    assert main_pid(H) == pid                        # refused before any restart
+    assert sh(H, f"grep -rlF {key} /opt/deployer/cache /opt/deployer/releases 2>/dev/null || true") == ""
 
 
 def test_11_a_rollback_keeps_the_live_secrets():

@@ -8,6 +8,7 @@ import pytest
 from deployer import driver_floor as df
 from deployer.ansible_plugins.filter_plugins.deployer_filters import driver_floor, driver_refusal
 from deployer.host.module_utils import fatbin
+from helpers import ROOT
 
 
 def fatbin_container(entries):
@@ -109,3 +110,27 @@ def test_a_driver_that_meets_the_floor_is_told_which_kernels_it_compiles_from_pt
     assert "_C.abi3.so:" not in note
     assert df.note(df.floor([], "13.0"), "580.95.05") == ("driver 580.95.05 >= 580.65.06 (this release's floor on "
                                                           "these GPUs)")
+
+
+def test_a_hostile_fatbin_ends_the_read_it_never_loops(tmp_path):
+    """Issue 53 N9: a container with the fatbin magic and header and payload sizes of 0 never moved the reader on:
+    root (the verify stage's cuda_floor, every vllm/_C*.so of a wheel) looped forever, the deploy lock held.
+    Run in a child with a deadline, so that the old code fails this test instead of hanging the suite."""
+    import subprocess
+    import sys
+    empty = struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 1, 0, 0)
+    cut = struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 1, 16, 1 << 40)      # claims far more than its section holds
+    for name, containers in (("zero.so", empty * 4), ("cut.so", cut + b"\0" * 48)):
+        lib = elf_with_fatbin(tmp_path / name, [])
+        data = bytearray(lib.read_bytes())
+        # the .nv_fatbin section is empty in this file: put the hostile bytes where it says it starts, and its size
+        shoff = struct.unpack_from("<Q", data, 0x28)[0]
+        fat_off = shoff
+        data[shoff:shoff] = containers
+        struct.pack_into("<Q", data, 0x28, shoff + len(containers))
+        struct.pack_into("<QQ", data, shoff + len(containers) + 2 * 64 + 0x18, fat_off, len(containers))
+        lib.write_bytes(bytes(data))
+        code = ("import sys; sys.path.insert(0, %r); from deployer.host.module_utils import fatbin; "
+                "print(fatbin.units(%r))" % (str(ROOT), str(lib)))
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0 and r.stdout.strip() == "[]", (name, r.stdout, r.stderr[-500:])

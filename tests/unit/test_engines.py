@@ -109,7 +109,7 @@ def test_the_verifiers_managed_destinations_come_from_the_engines_own_flags():
     assert engines.get("vllm").managed_dests() == sorted({
         "model_tag", "model", "served_model_name", "host", "port", "tensor_parallel_size", "gpu_memory_utilization",
         "max_model_len", "max_num_seqs", "trust_remote_code", "speculative_config", "api_key",
-        "safetensors_load_strategy", "model_loader_extra_config"})
+        "safetensors_load_strategy", "model_loader_extra_config", "middleware"})
     assert engines.get("vllm-cpu").managed_dests() == engines.get("vllm").managed_dests()
     for name in ("vllm_verify.py", "sglang_verify.py"):
         assert "MANAGED_DESTS" not in (ROOT / "roles/verify/files" / name).read_text()

@@ -50,6 +50,14 @@ KEY_LINES = [
     "server_args=ServerArgs(model_path='/m', api_key='sk-live-S3CRET\\'x\"y', port=30000)",
     "{\"api_key\": \"sk-live-S3CRET'x\\\"y\", \"hf_token\": \"hf_S3CRETtok\"}",
     "launch: python -m sglang.launch_server --api-key sk-live-S3CRET --admin-api-key=sk-live-S3CRET --port 1",
+    # issue 53 N6: what an environment dump, a crash reporter, a --config merge error or request logging print
+    "VLLM_API_KEY=sk-live-S3CRET HF_TOKEN=hf_S3CRET HUGGING_FACE_HUB_TOKEN=hf_S3CRET WANDB_API_KEY=S3CRET",
+    "os.environ: environ({'PATH': '/usr/bin', 'VLLM_API_KEY': 'sk-live-S3CRET', 'HF_TOKEN': 'hf_S3CRET'})",
+    "API_KEY=S3CRET apiKey=S3CRET api-key: S3CRET db_password: S3CRET",
+    "argv: ['vllm', 'serve', '/m', '--api-key', 'sk-live-S3CRET', '--port', '1']",
+    "127.0.0.1 - headers: Authorization: Bearer sk-live-S3CRET; authorization: basic S3CRETb64",
+    "server_args: {'api_key': ['sk-live-S3CRET1', 'sk-live-S3CRET2'], 'port': 1}",
+    "api_key=ab,S3CRET port=1",
 ]
 
 
@@ -67,6 +75,9 @@ def test_an_api_key_an_engine_logs_is_redacted_in_what_the_watch_and_status_read
         assert _secret_free(e["MESSAGE"])
     assert log_lines.redact("api_key=None, port=1") == "api_key=None, port=1"      # nothing to hide: shown as is
     assert "'port': 30000" in log_lines.redact(KEY_LINES[0]) and "model_path='/m'" in log_lines.redact(KEY_LINES[1])
+    # what is not a secret stays as written: token counts, the other flags
+    for line in ("max_tokens=16 max_num_batched_tokens=8192 --max-tokens 5", "'PATH': '/usr/bin'", "--port 1"):
+        assert log_lines.redact(line) == line
 
 
 def test_the_line_wrapper_redacts_before_the_journal():

@@ -108,8 +108,31 @@ def test_kv_bytes_for_ordinary_attention_and_fp8():
 
 
 def test_a_config_without_the_fields_is_an_error():
-    with pytest.raises(mp.MemoryPlanError, match="num_hidden_layers is None"):
+    with pytest.raises(mp.MemoryPlanError, match="num_hidden_layers is 'None'"):
         mp.kv_bytes_per_token({}, 8, 2)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_hidden_layers", 0), ("num_hidden_layers", 1 << 40), ("kv_lora_rank", "x"), ("qk_rope_head_dim", -1),
+    ("num_hidden_layers", True), ("qk_rope_head_dim", [1] * 10000)])
+def test_a_hostile_config_is_refused_by_the_filter_never_a_traceback_or_an_allocation(kimi, field, value):
+    """Issue 53 N12: num_hidden_layers 0 raised ZeroDivisionError out of the filter (a traceback), a string field
+    made per_token a string as long as the file asked, a layer count had no upper bound."""
+    d, groups, _ = kimi
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"][field] = value
+    r = memory_filter(make_plan(SETTINGS), [{"memory_mib": GPU_MIB}] * 8, {"tensor_groups": groups}, json.dumps(cfg))
+    assert r["fits"] is False and r["message"].startswith("memory plan: cannot read what it needs"), r
+    assert field in r["message"] and len(r["message"]) < 600
+
+
+def test_a_config_nested_past_recursion_is_refused_by_the_filters():
+    from deployer.ansible_plugins.filter_plugins.deployer_filters import drafter_fit
+    deep = "[" * 100000 + "]" * 100000
+    r = memory_filter(make_plan(SETTINGS), [{"memory_mib": GPU_MIB}] * 8, {"tensor_groups": {"x": 1}}, deep)
+    assert r["fits"] is False and "cannot read" in r["message"]
+    r = drafter_fit(json.loads('{"a": 1}'), "/nonexistent-drafter", {"name": "vllm"})
+    assert r["refusals"] and r["refusals"][0].startswith("drafter /nonexistent-drafter")
 
 
 # the settings' defaults (roles/deployer/defaults/main.yml) with these set

@@ -98,14 +98,14 @@ def _id(**over):
 
 # The id of the default settings, pinned: an unintended change renames every host's release and so restarts every
 # server on its next `up` (README).  When a change to the unit, the argv or the wrapper is meant, update it here and
-# say so in the commit: every host restarts once.  Last: gmu 0.90 -> 0.94 and --max-num-seqs 128 (issue 42, the
-# memory plan: the old defaults cannot hold one 131072-token request on the target), and the unit ordered after the
-# NVIDIA modules and nvidia-persistenced.
-GOLDEN_DEFAULT_ID = "fddc537f94a0"
+# say so in the commit: every host restarts once.  Last: vLLM's API guard (--middleware and PYTHONPATH, issue 53: vLLM
+# checks its key on /v1 only) and the log-line wrapper's wider redaction (every engine); before them gmu 0.90 -> 0.94
+# and --max-num-seqs 128 (issue 42, the memory plan).
+GOLDEN_DEFAULT_ID = "3221dfa4a5b2"
 # the other engines' and releases' ids, pinned the same way (issue 43: the engine seam's cut changed none of them)
-GOLDEN_IDS = {"sglang": ({"backend": "sglang"}, "b470f0bfe083"),
-              "vllm 0.33.0 unpatched": ({"vllm_version": "0.33.0", "patch_enabled": False}, "561f1a5809e5"),
-              "sglang with an API key": ({"backend": "sglang", "api_key": "k"}, "247bd6ad3020")}
+GOLDEN_IDS = {"sglang": ({"backend": "sglang"}, "6ff42fc5a3f6"),
+              "vllm 0.33.0 unpatched": ({"vllm_version": "0.33.0", "patch_enabled": False}, "69ab8dedba35"),
+              "sglang with an API key": ({"backend": "sglang", "api_key": "k"}, "949bf3a92c4e")}
 
 
 @pytest.mark.parametrize("over", [

@@ -166,10 +166,11 @@ def drafter_fit(target_config, drafter_src_dir, engine):
     engine = engine or {}
     try:
         cfg, shapes = fit.read_drafter(drafter_src_dir)
-    except (OSError, ValueError, KeyError) as e:
-        return {"refusals": ["drafter %s: %s" % (drafter_src_dir, e)], "warnings": [], "captured": [],
-                "source": "", "fc_in": None}
-    return fit.check(target_config or {}, cfg, shapes, engine.get("name", "vllm"), str(engine.get("version", "")))
+        return fit.check(target_config or {}, cfg, shapes, engine.get("name", "vllm"),
+                         str(engine.get("version", "")))
+    except Exception as e:      # a hostile config (nested past recursion, fields of any type): refused, said
+        return {"refusals": ["drafter %s: %s: %s" % (drafter_src_dir, type(e).__name__, str(e)[:300])],
+                "warnings": [], "captured": [], "source": "", "fc_in": None}
 
 
 def memory_plan(the_plan, gpus, shard_check, model_config_text, drafter_src_dir="", overhead_gib=5.0):
@@ -205,8 +206,9 @@ def memory_plan(the_plan, gpus, shard_check, model_config_text, drafter_src_dir=
                        drafter_config=drafter_cfg, drafter_bytes=drafter_bytes,
                        overhead_gib=float(overhead_gib),
                        kv_cache_dtype=engines.argv_value(argv, "--kv-cache-dtype") or "auto")
-    except (OSError, ValueError, TypeError, AttributeError) as e:
-        return {"fits": False, "message": "memory plan: cannot read what it needs (%s)" % e}
+    except Exception as e:      # whatever a hostile config.json or index makes of it (issue 53 N12): refused, said
+        return {"fits": False, "message": "memory plan: cannot read what it needs (%s: %s)"
+                % (type(e).__name__, str(e)[:300])}
 
 
 def driver_floor(read, engine, gpu_floor="0"):

@@ -69,6 +69,16 @@ class LoadState(object):
         self.rank_counts = {}       # SGLang: {what: {tensor-parallel rank: lines so far}} (every rank logs its own)
         self.ignored = Unraisable()  # an exception Python reported and did not raise: a warning, never fatal
 
+    def __getstate__(self):
+        """Kept between the watch's calls (engine_watch.Follow): the rules are the engine's, named by ``engine``."""
+        state = dict(self.__dict__)
+        state.pop("rules", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.rules = RULESETS.get(self.engine, RULES)
+
     def _enter(self, phase, t, tentative=False):
         if self.tentative and phase == "compile" and self.phase == "kv_cache":
             # vLLM 0.20+ compiles the EAGLE head after the target's compile total and warm-up run: still compiling

@@ -54,14 +54,21 @@ def units(path):
         end += pos
         while pos + 16 <= end:
             f.seek(pos)
-            magic, _version, hsize, fsize = struct.unpack("<IHHQ", f.read(16))
-            if magic != FATBIN_MAGIC:       # containers are 8-byte aligned; padding between them
+            head = f.read(16)
+            if len(head) < 16:              # the section says more than the file holds
+                break
+            magic, _version, hsize, fsize = struct.unpack("<IHHQ", head)
+            # containers are 8-byte aligned, padding between them; one that is empty or claims more than its
+            # section holds is not one (a container of size 0 never moved the reader on: root looped forever)
+            if magic != FATBIN_MAGIC or hsize < 16 or fsize == 0 or pos + hsize + fsize > end:
                 pos += 8
                 continue
             entries, e, stop = [], pos + hsize, pos + hsize + fsize
             while e + 40 <= stop:
                 f.seek(e)
                 head = f.read(40)
+                if len(head) < 40:
+                    break
                 kind, _, ehsize, esize, _, _, minor, major, arch = struct.unpack_from("<HHIQIIHHI", head)
                 if ehsize == 0:
                     break

@@ -9,10 +9,10 @@ import os
 
 try:    # on the host
     from ansible.module_utils.host_io import http_get, nvidia_devices, systemd_show
-    from ansible.module_utils.releases import drafter_changed, edited_files, sha256_file
+    from ansible.module_utils.releases import drafter_changed, edited_files, live_key_set, sha256_file
 except ImportError:    # the controller
     from deployer.host.module_utils.host_io import http_get, nvidia_devices, systemd_show
-    from deployer.host.module_utils.releases import drafter_changed, edited_files, sha256_file
+    from deployer.host.module_utils.releases import drafter_changed, edited_files, live_key_set, sha256_file
 
 
 def _unit_props(service):
@@ -131,7 +131,7 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="
     extra = {}
     if live:
         extra = {"metrics": _http_get(port, "/metrics", host=host)[1], "gpu_memory_used_mib": _gpu_memory_used_mib(),
-                 "last_fatal": _last_fatal(service)}
+                 "last_fatal": _last_fatal(service), "api_key_set": live_key_set(root)}
     return dict(extra, **{"venv": _venv_state(venv, patchable) if venv else None,
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
             "drafter_changed": drafter_changed(drafter_dir) if drafter_dir else [],
@@ -163,6 +163,7 @@ def status_view(state, crash_loop_restarts):
                      "NRestarts": unit.get("NRestarts", "?"), "MainPID": unit.get("MainPID", "0")} if pr else None,
             "health": pr.get("health") if pr else None,
             "last_fatal": pr.get("last_fatal") if pr else None,
+            "api_key_set": pr.get("api_key_set") if pr else None,
             "crash_loop": bool(pr) and restarts >= int(crash_loop_restarts),
             "crash_loop_restarts": int(crash_loop_restarts),
             "spec": spec_decode_stats(pr["metrics"]) if pr.get("metrics") else None,

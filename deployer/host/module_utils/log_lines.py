@@ -14,22 +14,31 @@ _PREFIX = re.compile(r"^(?:\([A-Za-z_][A-Za-z0-9_]*(?: [^)]*)?\)\s+)*")
 # LineMax), and each is parsed on every poll.
 LINE_CHARS = 4096
 
-# A secret where an engine prints its configuration (SGLang 0.5.23 logs server_args with the API key at start-up:
-# srt/entrypoints/engine.py): name=value, 'name': 'value', "name": "value" and --flag value.  The same pattern, on
-# bytes, in roles/render/files/journal_lines.py, which redacts before the journal (tests/unit/test_hostile_logs.py);
-# its comment still names engine_logs.py, where this lived until 2026-12-06: that file names every release (its
-# content-named path is in the unit), so an edit of it, a comment too, reloads every host (tests/unit/test_promises.py).
-SECRET_SETTING = (r"""((?:admin_)?api_key|hf_token)(['"]?\s*[:=]\s*)"""
-                  r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,)}\]]+)"""
-                  r"""|(--(?:admin-)?api-key)(=|\s+)(\S+)""")
-_SECRET_SETTING = re.compile(SECRET_SETTING)
+# A secret where an engine, a crash reporter or an environment dump prints it (SGLang 0.5.23 logs server_args with
+# the API key at start-up: srt/entrypoints/engine.py): any name ending in api_key / apikey / token / password / secret,
+# any case (VLLM_API_KEY=, HF_TOKEN=, apiKey=, api-key:, 'HF_TOKEN': in an environ({...}) repr) followed by = or :
+# and a value (quoted, a whole [list], or a bare word: a comma not followed by a blank stays in it); a --flag of that
+# kind and its value, also as an argv list's repr ('--api-key', 'K'); an Authorization header's or a Bearer token
+# (issue 53 N6).  Case-insensitive, and linear on hostile lines (a name or a flag starts only where a word does).
+# The same pattern, on bytes, in roles/render/files/journal_lines.py, which redacts before the journal
+# (tests/unit/test_hostile_logs.py).  That file names every release (its content-named path is in the unit), so an
+# edit of it, a comment too, reloads every host (tests/unit/test_promises.py).
+SECRET_SETTING = (
+    r'''(?<![A-Za-z0-9_-])((?:[A-Za-z0-9]+[_-])*(?:api[_-]?key|apikey|[a-z0-9]*token|password|passwd|secret))'''
+    r'''(['"]?\s*[:=]\s*)(\[[^\][]*\]|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|(?:[^\s,)}\]'"]|,(?!\s))+)'''
+    r'''|(?<![A-Za-z0-9-])(--(?:[a-z0-9]+-)*(?:api-key|token|password|secret))(['"]?(?:=|,\s*['"]|\s+))([^\s'",\]]+)'''
+    r'''|(authorization['"]?\s*[:=]\s*['"]?(?:basic|bearer)?\s*|\bbearer\s+)([^\s'",\]]+)'''
+)
+_SECRET_SETTING = re.compile(SECRET_SETTING, re.I)
 NOT_SECRET = ("None", "null", "''", '""')
 
 
 def redact(text):
     """``text`` with the value of every secret setting in it replaced by ``<redacted>`` (None stays None)."""
     def sub(m):
-        name, sep, value = (m.group(1), m.group(2), m.group(3)) if m.group(1) else m.group(4, 5, 6)
+        if m.group(7) is not None:
+            return m.group(7) + "<redacted>"
+        name, sep, value = m.group(1, 2, 3) if m.group(1) else m.group(4, 5, 6)
         return name + sep + (value if value in NOT_SECRET else "<redacted>")
     return _SECRET_SETTING.sub(sub, text)
 

@@ -194,7 +194,7 @@ SUMMARY_KEYS = ("id", "backend", "engine_version", "vllm_version", "patch_finger
                 "result", "deployed_at", "created_at", "user", "controller", "phase_seconds", "load_seconds",
                 "acceptance_rate", "mean_acceptance_length", "failed_stage", "compile_cache", "verify_platform", "venv",
                 "api_protected", "service_user", "downtime", "prewarm", "kv_cache_tokens", "kv_cache_tokens_planned",
-                "tokens_per_second", "speculative", "speculation_payoff")
+                "tokens_per_second", "speculative", "speculation_payoff", "argv", "api_exposure")
 
 
 def _link(root, name):
@@ -284,6 +284,16 @@ def _env_key(path, envfile):
             return envfile.parse(f.read()).get("VLLM_API_KEY", "")
     except OSError:
         return ""
+
+
+def live_key_set(root):
+    """Whether the live secrets (``root``/secrets: the key whatever release runs is handed) hold an API key."""
+    try:
+        from ansible.module_utils import envfile  # on the host
+    except ImportError:
+        from deployer.host.module_utils import envfile
+    live = os.path.join(root, "secrets")
+    return bool(_env_key(os.path.join(live, "server.env"), envfile) or _sglang_api_key(live))
 
 
 def secrets_current(root, wanted):

@@ -155,17 +155,30 @@ def silent_death(found, engine_spoke, gone_line):
     return found
 
 
+class RootCause(object):
+    """``root_cause`` folded one line at a time (the watch reads each journal line once: engine_watch's cursor)."""
+
+    def __init__(self):
+        self.found, self.spoke, self.gone, self.ignored = None, False, "", Unraisable()
+
+    def feed(self, raw):
+        for line in split_lines(raw):
+            stripped = strip_prefix(line)
+            if self.ignored.skip(stripped):
+                continue
+            self.spoke = self.spoke or engine_process_spoke(line)
+            if not self.gone and ENGINE_GONE.search(stripped):
+                self.gone = stripped
+            self.found = fold_fatal(self.found, stripped)[0]
+
+    def result(self):
+        return silent_death(self.found, self.spoke, self.gone)
+
+
 def root_cause(lines):
     """The failure one run of the server ended in, from its log lines (oldest first): ``(kind, line)`` or None.
     Unlike the load watch this also reads lines logged after the server was ready (a crash while serving)."""
-    found, spoke, gone, ignored = None, False, "", Unraisable()
+    rc = RootCause()
     for raw in lines:
-        for line in split_lines(raw):
-            stripped = strip_prefix(line)
-            if ignored.skip(stripped):
-                continue
-            spoke = spoke or engine_process_spoke(line)
-            if not gone and ENGINE_GONE.search(stripped):
-                gone = stripped
-            found = fold_fatal(found, stripped)[0]
-    return silent_death(found, spoke, gone)
+        rc.feed(raw)
+    return rc.result()

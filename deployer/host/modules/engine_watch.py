@@ -74,6 +74,14 @@ options:
         it was ready included (a server that passed /health and died at its first request), in C(root_cause).
     type: bool
     default: false
+  max_bytes_per_poll:
+    description:
+      - The most journal bytes one look reads (C(journalctl -o json) output).  Each line of a start is read once;
+        where the last look stopped is kept (its journal cursor and what its lines said, root's, in
+        C(/run/deployer-watch)), so a flood of lines costs each look at most this much, and the watch catches up
+        over the next looks.
+    type: int
+    default: 8388608
 attributes:
   check_mode:
     support: full
@@ -141,8 +149,20 @@ root_cause:
   description: The failure the server's run ended in (kind, line, advice), or null when its lines name none.
   returned: when I(root_cause) is true
   type: dict
+journal:
+  description:
+    - What this call read of the journal and cost (bytes, lines, whether it stopped at I(max_bytes_per_poll), its
+      CPU seconds and peak resident memory in KiB).
+  returned: always
+  type: dict
 """
 
+import os
+import pickle
+import re
+import resource
+import shlex
+import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -150,7 +170,7 @@ from ansible.module_utils.engine_logs import LoadState, eta_seconds, overdue_sec
 from ansible.module_utils.host_io import http_get, systemd_show
 from ansible.module_utils.load_rules import RULESETS
 from ansible.module_utils.log_lines import LINE_CHARS, journal_entry
-from ansible.module_utils.root_causes import advice, root_cause
+from ansible.module_utils.root_causes import RootCause, advice
 
 TAIL = 40
 # systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
@@ -172,20 +192,114 @@ def unit_props(module, service):
                                   "InvocationID", "ExecMainStatus", "NRestarts"], module.run_command)
 
 
-def journal(module, service, invocation):
+# Where a look leaves off, between calls: root's, 0700, on tmpfs (gone at a reboot, as the unit's start is)
+STATE_DIR = "/run/deployer-watch"
+JOURNALCTL = "journalctl"
+
+
+class Follow(object):
+    """One start of the unit as read so far: the journal cursor after its last line read, the load state and the
+    root cause folded from every line up to it, and its last lines."""
+    FORMAT = 1      # what a kept Follow holds: a new field, or LoadState's, is a new format (an old one is not read)
+
+    def __init__(self, engine, eager):
+        self.format = self.FORMAT
+        self.cursor = None
+        self.state = LoadState(engine, eager=eager)
+        self.cause = RootCause()
+        self.tail = []
+        self.read = {"bytes": 0, "lines": 0, "more": False}
+
+    def feed(self, t, msg):
+        self.state.feed(msg, t)
+        self.cause.feed(msg)
+        self.tail = (self.tail + [msg[:LINE_CHARS]])[-TAIL:]      # redacted by journal_entry; a hostile line capped
+
+
+def _state_file(service, invocation):
+    if not re.match(r"^[0-9a-f]{32}$", invocation or ""):
+        return None
+    return os.path.join(STATE_DIR, "%s-%s.pickle" % (service, invocation))
+
+
+def _private_dir():
+    """STATE_DIR when it is root's own 0700 directory (made so when missing), else None: nothing is kept."""
+    try:
+        os.mkdir(STATE_DIR, 0o700)
+    except OSError:
+        pass
+    try:
+        st = os.lstat(STATE_DIR)
+    except OSError:
+        return None
+    ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() == 0 and not st.st_mode & 0o077
+    return STATE_DIR if ok else None
+
+
+def load_follow(service, invocation, engine, eager):
+    """Where the last look of this start left off (a fresh Follow for a new start, another engine or no state)."""
+    path = _state_file(service, invocation)
+    if path and _private_dir():
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                got = pickle.load(f)      # root's own file in root's 0700 directory
+            if isinstance(got, Follow) and got.format == Follow.FORMAT and (got.state.engine, got.state.eager) == \
+                    (engine, eager):
+                got.read = {"bytes": 0, "lines": 0, "more": False}
+                return got
+        except Exception:   # none yet, or unreadable: read this start from its first line
+            pass
+    return Follow(engine, eager)
+
+
+def save_follow(service, invocation, follow):
+    path = _state_file(service, invocation)
+    if not path or not _private_dir():
+        return
+    for name in os.listdir(STATE_DIR):      # earlier starts of this unit are done with
+        if name.startswith(service + "-") and name != os.path.basename(path):
+            try:
+                os.unlink(os.path.join(STATE_DIR, name))
+            except OSError:
+                pass
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(follow, f)
+        os.rename(tmp, path)
+    except Exception:   # not kept: the next call reads this start from its first line again (slower, still right)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def read_journal(run_command, service, invocation, cursor, max_bytes):
+    """This start's lines after ``cursor``, at most ``max_bytes`` of journalctl's output: [(t, message)], the
+    cursor after the last one, whether more are waiting, and the bytes read."""
     # only this start's lines: the invocation id changes with every (re)start of the unit
     match = ("_SYSTEMD_INVOCATION_ID=" + invocation) if invocation else ("_SYSTEMD_UNIT=" + service + ".service")
     # --all: journalctl prints fields over 4096 bytes as null without it, and a tqdm bar with all its
     # \r redraws is one such field (the 64-shard bar is ~10 KB)
-    args = ["journalctl", match, "-o", "json", "--all", "--no-pager"]
-    rc, out, _ = module.run_command(args)
+    args = [JOURNALCTL, match, "-o", "json", "--all", "--no-pager"] + (["--after-cursor", cursor] if cursor else [])
+    # head stops journalctl (SIGPIPE) one byte past the limit: that byte says more are waiting
+    cmd = " ".join(shlex.quote(a) for a in args) + " | head -c %d" % (max_bytes + 1)
+    _rc, out, _err = run_command(cmd, use_unsafe_shell=True, encoding=None)
+    more = len(out) > max_bytes
+    lines = out[:max_bytes].split(b"\n")
+    if more:
+        lines = lines[:-1]     # the line the limit cut: read again from its start by the next look
     entries = []
-    for line in out.splitlines():
-        e = journal_entry(line)
-        if e is None or e.get("MESSAGE") is None:
+    for line in lines:
+        e = journal_entry(line.decode("utf-8", "replace")) if line.strip() else None
+        if e is None:
             continue
-        entries.append((int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6, e["MESSAGE"]))
-    return entries
+        cursor = e.get("__CURSOR") or cursor
+        if e.get("MESSAGE") is not None:
+            entries.append((int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6, e["MESSAGE"]))
+    return entries, cursor, more, min(len(out), max_bytes)
 
 
 def _advice(fatal):
@@ -203,19 +317,29 @@ def health(port, host="127.0.0.1", timeout=2.0):
 DEAD_JOURNAL_SETTLE_SECONDS = 1.0
 
 
-def look(module, p):
+def look(module, p, follows):
+    """One look: the unit, this start's new journal lines (``follows``: {invocation: Follow}, what was read before),
+    /health."""
     props = unit_props(module, p["service"])
     started = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
     if props.get("ActiveState") not in ("active", "activating", "reloading") or props.get("MainPID") in ("0", None):
         time.sleep(DEAD_JOURNAL_SETTLE_SECONDS)
-    entries = journal(module, p["service"], props.get("InvocationID"))
-    st = LoadState(p.get("engine") or "vllm", eager=p.get("eager", False))
+    inv = props.get("InvocationID") or ""
+    if inv not in follows:
+        follows.clear()
+        follows[inv] = load_follow(p["service"], inv, p.get("engine") or "vllm", p.get("eager", False))
+    follow = follows[inv]
+    entries, follow.cursor, more, nbytes = read_journal(module.run_command, p["service"], inv, follow.cursor,
+                                                        p["max_bytes_per_poll"])
     for t, msg in entries:
-        st.feed(msg, t)
+        follow.feed(t, msg)
+    follow.read = {"bytes": follow.read["bytes"] + nbytes, "lines": follow.read["lines"] + len(entries),
+                   "more": more}
+    st = follow.state
     now = time.clock_gettime(time.CLOCK_MONOTONIC)
     snap = st.snapshot(now)
     elapsed = now - started if started else 0.0
-    tail = [m[:LINE_CHARS] for _t, m in entries[-TAIL:]]      # redacted by journal_entry; a hostile line capped
+    tail = list(follow.tail)
     res = dict(phase=snap["phase"], phase_title=snap["phase_title"], percent=snap["percent"],
                progress=snap["progress"], phase_seconds=snap["phase_seconds"], facts=snap["facts"],
                warnings=snap["warnings"], elapsed_seconds=round(elapsed, 1), pid=props.get("MainPID"),
@@ -225,7 +349,7 @@ def look(module, p):
                overdue_seconds=overdue_seconds(snap["phase"], snap["phase_seconds"].get(snap["phase"], 0.0),
                                                p.get("previous_phase_seconds") or {}))
     if p.get("root_cause"):
-        cause = root_cause([m for _t, m in entries])
+        cause = follow.cause.result()
         res["root_cause"] = dict(kind=cause[0], line=cause[1], advice=advice(cause[0], cause[1])) if cause else None
     active = props.get("ActiveState")
     if (props.get("SubState") == "auto-restart" and props.get("ExecMainStatus") in TRANSIENT_SETUP
@@ -290,6 +414,7 @@ def main():
             eager=dict(type="bool", default=False),
             health_timeout_seconds=dict(type="float", default=2.0),
             root_cause=dict(type="bool", default=False),
+            max_bytes_per_poll=dict(type="int", default=8388608),
         ),
         supports_check_mode=True,
     )
@@ -297,15 +422,28 @@ def main():
         module.fail_json(msg="engine: got %r, expected one of %s (module_utils/engine_logs.py RULESETS)"
                          % (module.params["engine"], ", ".join(sorted(RULESETS))))
     p = module.params
+    if p["max_bytes_per_poll"] < 65536:
+        module.fail_json(msg="max_bytes_per_poll: got %d, expected at least 65536 (one journal entry must fit)"
+                         % p["max_bytes_per_poll"])
     deadline = time.time() + p["poll_seconds"]
-    first = look(module, p)
+    follows = {}
+    first = look(module, p, follows)
     res = first
-    # wait inside the call until something changes (phase, percent, state) or poll_seconds pass
+    # wait inside the call until something changes (phase, percent, state) or poll_seconds pass; a look that
+    # stopped at its byte limit goes on reading at the next one
     while res["state"] == "loading" and time.time() < deadline:
         time.sleep(0.25)
-        res = look(module, p)
+        res = look(module, p, follows)
         if res["state"] != "loading" or (res["phase"], res["percent"]) != (first["phase"], first["percent"]):
             break
+    read = {}
+    for inv, follow in follows.items():
+        read = dict(follow.read)
+        save_follow(p["service"], inv, follow)
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    res["journal"] = dict(read, cpu_seconds=round(me.ru_utime + me.ru_stime + kids.ru_utime
+                                                                   + kids.ru_stime, 3),
+                          max_rss_kib=me.ru_maxrss)
     module.exit_json(changed=False, **res)
 
 

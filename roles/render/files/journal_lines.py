@@ -30,17 +30,21 @@ MAX_PIECE_BYTES = 16384            # a piece with no line end yet is written out
 DRAIN_AFTER_EXIT_SECONDS = 2.0     # processes the engine left behind may hold the pipe; stop waiting for them
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _ENDS = re.compile(rb"[\r\n]")
-# A secret where the engine prints its configuration (SGLang logs server_args, its API key in it, at start-up):
-# the pattern of module_utils/engine_logs.py's SECRET_SETTING, on bytes; the value becomes <redacted>.
-_SECRET_SETTING = re.compile(rb"""((?:admin_)?api_key|hf_token)(['"]?\s*[:=]\s*)"""
-                             rb"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,)}\]]+)"""
-                             rb"""|(--(?:admin-)?api-key)(=|\s+)(\S+)""")
+# A secret where the engine prints it (SGLang logs server_args, its API key in it, at start-up; an environment dump, a
+# crash reporter, an argv list): module_utils/log_lines.py's SECRET_SETTING, on bytes; the value becomes <redacted>.
+_SECRET_SETTING = re.compile(
+    rb'''(?<![A-Za-z0-9_-])((?:[A-Za-z0-9]+[_-])*(?:api[_-]?key|apikey|[a-z0-9]*token|password|passwd|secret))'''
+    rb'''(['"]?\s*[:=]\s*)(\[[^\][]*\]|'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|(?:[^\s,)}\]'"]|,(?!\s))+)'''
+    rb'''|(?<![A-Za-z0-9-])(--(?:[a-z0-9]+-)*(?:api-key|token|password|secret))(['"]?(?:=|,\s*['"]|\s+))([^\s'",\]]+)'''
+    rb'''|(authorization['"]?\s*[:=]\s*['"]?(?:basic|bearer)?\s*|\bbearer\s+)([^\s'",\]]+)''', re.I)
 _NOT_SECRET = (b"None", b"null", b"''", b'""')
 
 
 def redact(line):
     def sub(m):
-        name, sep, value = (m.group(1), m.group(2), m.group(3)) if m.group(1) else m.group(4, 5, 6)
+        if m.group(7) is not None:
+            return m.group(7) + b"<redacted>"
+        name, sep, value = m.group(1, 2, 3) if m.group(1) else m.group(4, 5, 6)
         return name + sep + (value if value in _NOT_SECRET else b"<redacted>")
     return _SECRET_SETTING.sub(sub, line)
 
