@@ -27,8 +27,10 @@ from deployer.host.module_utils import formats
 # What a terminal would act on, in text a host, an engine or a model wrote: every control character the line formats
 # refuse (formats.py: C0 - ESC starts CSI/OSC sequences: clear the screen, set the title, OSC 52 writes the
 # clipboard -, DEL, C1 - U+009B is a one-byte CSI -, U+2028/9) but tab and line feed, and the bidirectional
-# overrides that make a line read other than its bytes.
-_TERMINAL_CONTROL = re.compile(f"(?![\t\n]){formats.CONTROL.pattern}|[\u202a-\u202e\u2066-\u2069]")
+# overrides and marks that make a line read other than its bytes, and what prints as nothing (issue 53 N14): LRM,
+# RLM, ALM, zero-width spaces and joiners, the word joiner and invisible operators, BOM, soft hyphen, tag characters.
+_TERMINAL_CONTROL = re.compile(f"(?![\t\n]){formats.CONTROL.pattern}|[\u202a-\u202e\u2066-\u2069\u200b-\u200f"
+                               "\u061c\u00ad\u2060-\u2064\ufeff\U000e0000-\U000e007f]")
 SHOWN_CHARS = 16000     # a 40-line journal tail fits; one 48 KB journal line does not flood the terminal
 
 
@@ -49,9 +51,10 @@ def lit(text, block: bool = False) -> str:
     return escape(literal(text, block))
 
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# emoji off: a host's ":white_check_mark: deploy OK" prints as written, never as a mark of the deployer's own
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 # a pipe or a log file gets every column of a table (rich would squeeze it into 80)
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200, emoji=False)
 
 # role -> stage name shown to the operator (the order of playbooks/up.yml)
 def _stages() -> dict:

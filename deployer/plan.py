@@ -206,7 +206,8 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
             raise PlanError(f"environment: {k} is a secret; set deployer_api_key / deployer_hf_token instead")
         bad = formats.control_char(str(v))
         if bad:
-            raise PlanError(f"environment: {k}={str(v)!r} contains the control character {bad}; an env file line "
+            # the value is never echoed: an undeclared secret (WANDB_API_KEY, a token) may be one (issue 53 N13)
+            raise PlanError(f"environment: the value of {k} contains the control character {bad}; an env file line "
                             "ends there")
         env[k] = str(v)
     if eng.api_guard and env.get("PYTHONPATH") != eng.env(s, sc).get("PYTHONPATH"):

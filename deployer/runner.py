@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import sys
@@ -97,19 +98,78 @@ def run(playbook: str, inventory: str, extravars: dict | None = None, limit: str
 # host keys are checked whatever the environment says).  Naming a real known-hosts file, or accept-new (a changed
 # key still refused, as --trust-new-host), is not turning the check off.
 SSH_ARG_VARIABLES = ("ANSIBLE_SSH_ARGS", "ANSIBLE_SSH_COMMON_ARGS", "ANSIBLE_SSH_EXTRA_ARGS")
-_HOST_KEY_OFF = re.compile(r"(StrictHostKeyChecking)[\s=]+[\"']?(?:no|off|false)\b|"
-                           r"((?:User|Global)KnownHostsFile)[\s=]+[\"']?/dev/null\b", re.I)
+_OFF_WORDS = ("no", "off", "false")
+_KNOWN_HOSTS_KEYS = ("userknownhostsfile", "globalknownhostsfile")
+
+
+def _ssh_options(value: str):
+    """The ``-o`` options and the ``-F`` files of an ssh argument string, as ssh reads them (issue 53 N7: a regex
+    let ``-F cfg``, ``/dev//null`` and ``/dev/./null`` through): [(key lowercased, value)], or ValueError."""
+    words, opts = shlex.split(value), []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in ("-o", "-F"):
+            if i + 1 >= len(words):
+                raise ValueError(f"{w} without a value")
+            w, i = w + words[i + 1], i + 1
+        if w.startswith("-F"):
+            opts.append(("-f", w[2:]))
+        elif w.startswith("-o"):
+            # ssh_config(5): a keyword, then blanks or one '=' (blanks around it), then the value
+            m = re.match(r"\s*([A-Za-z]+)\s*(?:=\s*|\s+)?(.*)$", w[2:])
+            key, val = (m.group(1), m.group(2).strip().strip("\"'")) if m else (w[2:], "")
+            opts.append((key.lower(), val))
+        i += 1
+    return opts
+
+
+def _null_or_missing(paths: str) -> bool:
+    """Whether ssh could never keep a key it accepts in these known-hosts files (/dev/null, /proc, a missing
+    folder): accept-new would then take whatever key a host shows, every run."""
+    for p in paths.split():
+        real = os.path.realpath(os.path.expanduser(p))
+        if real == "/dev/null" or real.startswith(("/proc/", "/dev/", "/sys/")) or not (
+                os.path.isfile(real) or os.path.isdir(os.path.dirname(real))):
+            return True
+    return False
 
 
 def host_key_overrides(environ) -> list[str]:
-    """One refusal per caller variable that would turn ssh's host-key check off (the value is not shown)."""
-    out = []
+    """One refusal per caller variable that would turn ssh's host-key check off, or hand it to something the deployer
+    cannot read (the value is not shown)."""
+    out, tail = [], ("the deployer checks SSH host keys whatever the environment says; unset it (for a new host: "
+                     "--trust-new-host, which still refuses a changed key)")
     for name in SSH_ARG_VARIABLES:
-        m = _HOST_KEY_OFF.search(environ.get(name) or "")
-        if m:
-            out.append(f"{name} sets {m.group(1) or m.group(2)} so that host keys go unchecked: the deployer checks "
-                       "SSH host keys whatever the environment says; unset it (for a new host: --trust-new-host, "
-                       "which still refuses a changed key)")
+        try:
+            opts = _ssh_options(environ.get(name) or "")
+        except ValueError:
+            out.append(f"{name} cannot be read as ssh reads it (an unclosed quote): {tail}")
+            continue
+        keys = dict(opts)
+        why = None
+        if "-f" in keys:
+            why = "names an ssh configuration file (-F), which may turn the host-key check off"
+        elif keys.get("stricthostkeychecking", "").lower() in _OFF_WORDS:
+            why = "sets StrictHostKeyChecking so that host keys go unchecked"
+        else:
+            for k, v in opts:
+                if k in _KNOWN_HOSTS_KEYS and os.path.realpath(os.path.expanduser(v.split()[0] if v else "")) \
+                        == "/dev/null":
+                    why = f"sets {dict(userknownhostsfile='UserKnownHostsFile').get(k, 'GlobalKnownHostsFile')} " \
+                          "so that host keys go unchecked (/dev/null)"
+                elif k in _KNOWN_HOSTS_KEYS and keys.get("stricthostkeychecking", "").lower() == "accept-new" \
+                        and _null_or_missing(v):
+                    why = ("sets StrictHostKeyChecking=accept-new with a known-hosts file ssh cannot keep a key in: "
+                           "every run would take whatever key a host shows")
+        if why:
+            out.append(f"{name} {why}: {tail}")
+    exe = environ.get("ANSIBLE_SSH_EXECUTABLE")
+    if exe:
+        ssh = tools.find("ssh")
+        if not ssh or os.path.realpath(exe if os.sep in exe else (shutil.which(exe) or exe)) != os.path.realpath(ssh):
+            out.append("ANSIBLE_SSH_EXECUTABLE names another ssh program than the system's, which may not check host "
+                       f"keys: {tail}")
     return out
 
 

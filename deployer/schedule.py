@@ -209,12 +209,58 @@ def writable_by_another(path: str) -> str:
     return ""
 
 
+def writable_in_tree(path: str, limit: int = 200000) -> str:
+    """``writable_by_another`` for ``path`` and, when it is a directory, everything under it (``limit`` entries at
+    most: past that, said)."""
+    why = writable_by_another(path)
+    if why or not os.path.isdir(path) or os.path.islink(path):
+        return why
+    me, n = os.geteuid(), 0
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            n += 1
+            if n > limit:
+                return f"{path} holds more than {limit} files: not checked whole"
+            p = os.path.join(top, name)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if st.st_uid not in (0, me):
+                return f"{p} belongs to uid {st.st_uid}"
+            sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+            if st.st_mode & 0o022 and not sticky_dir and not stat.S_ISLNK(st.st_mode):
+                return f"{p} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
+
+
 def _paths_run(s: Schedule) -> list[str]:
-    """What a scheduled run executes or reads: the deployer and its Python, the package, the files named."""
+    """What a scheduled run executes or reads (issue 53 N5: Ansible templates and runs the inventory's group_vars and
+    host_vars, the checkout's ansible.cfg, roles, playbooks and templates, and the venv's packages, as this user):
+    the deployer and its Python, the package and the checkout it runs, the venv's site-packages, the files named and
+    the inventory's variable folders.  Directories are checked whole (writable_in_tree)."""
+    import sysconfig
     words = list(s.target)
-    paths = [deployer_path(), sys.executable, str(Path(__file__).resolve().parent)]
-    paths += [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-i", "--key")]
+    root = Path(__file__).resolve().parent.parent
+    paths = [deployer_path(), sys.executable, str(Path(__file__).resolve().parent), sysconfig.get_paths()["purelib"]]
+    paths += [str(root / n) for n in ("ansible.cfg", "roles", "playbooks", "templates") if (root / n).exists()]
+    for i, w in enumerate(words[:-1]):
+        if w in ("-i", "--key"):
+            paths.append(words[i + 1])
+        if w == "-i":
+            inv = Path(words[i + 1])
+            base = inv if inv.is_dir() else inv.parent
+            paths += [str(base / d) for d in ("group_vars", "host_vars") if (base / d).exists()]
     return paths + [e[1:] for e in s.extra if e.startswith("@")]
+
+
+def unsafe_paths(s: Schedule) -> str:
+    """The first reason another local user could change what this schedule runs, or ""."""
+    for p in _paths_run(s):
+        why = writable_in_tree(p)
+        if why:
+            return f"{p}: {why}"
+    return ""
 
 
 def install(s: Schedule) -> str:
@@ -223,12 +269,11 @@ def install(s: Schedule) -> str:
     parse_at(s.at)
     if s.window:
         parse_window(s.window)
-    for p in _paths_run(s):
-        why = writable_by_another(p)
-        if why:
-            raise ScheduleError(f"{p}: {why}; a scheduled run would execute or read it unattended as "
-                                f"{'root' if os.geteuid() == 0 else 'this user'}: make it yours alone, or schedule "
-                                "from an install that is")
+    why = unsafe_paths(s)
+    if why:
+        raise ScheduleError(f"{why}; a scheduled run would execute or read it unattended as "
+                            f"{'root' if os.geteuid() == 0 else 'this user'}: make it yours alone, or schedule "
+                            "from an install that is")
     if systemd_running() and os.geteuid() == 0:     # else this user's crontab: /etc/systemd/system is root's
         d = Path("/etc/systemd/system")
         for name, text in timer_units(s, deployer_path()).items():
@@ -335,6 +380,12 @@ def run_now(s: Schedule, now: datetime, say=print) -> int:
     if not in_window(s.window, now):
         record({"event": "skipped", "reason": f"outside window {s.window} (now {now:%H:%M})", "exit_code": 0})
         return 0
+    # checked again at each run: what was ours at `schedule add` may not be now (a group_vars made writable since)
+    why = unsafe_paths(s)
+    if why:
+        record({"event": "refused", "reason": f"{why}: another user could change what this run executes; "
+                                              "nothing was run", "exit_code": 2})
+        return 2
     cmd = [deployer_path(), "up", *s.target, "--json"] + (["--if-changed"] if s.if_changed else [])
     for e in s.extra:
         cmd += ["-e", e]

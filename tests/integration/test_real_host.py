@@ -88,6 +88,12 @@ def test_02_open_api_is_refused_before_anything_changes():
     assert r.returncode == 3, r.stdout + r.stderr
     assert "service user postgres: an existing account the deployer did not create" in flat(r.stderr), r.stderr
     assert sh(H, "getent passwd postgres") == passwd and main_pid(H) == before[0]
+    # guards (issue 53 N8): an extra package reaches uv's argv as root; a URL or an option is refused before the install
+    r = up("-e", json.dumps({"install_extra_packages": ["--extra-index-url=http://192.0.2.1/simple", "six==1.16.0"]}),
+           "-e", "deployer_max_model_len=4096")
+    assert r.returncode != 0 and "install_extra_packages: got 2 item(s), 1 of them not name==version" in \
+        flat(r.stdout + r.stderr), r.stdout + r.stderr
+    assert (main_pid(H), sh(H, "readlink /opt/deployer/current"), sh(H, "ls /opt/deployer/releases")) == before
 
 
 def test_03_warm_compile_cache_prewarm_before_the_stop_and_downtime():

@@ -63,3 +63,19 @@ def test_a_unit_systemd_refuses_is_not_recorded_as_a_release(tmp_path):
     args["files"] = [{"name": "x.service", "content": good}]
     module(tmp_path, "release_render", args)
     assert (d / "release.json").exists()
+
+
+def test_the_audit_line_appended_without_a_module_makes_an_old_0644_trail_private(tmp_path):
+    """Issue 53 (F11's residue): the no-op's own append and the lock-free run's raw task appended with umask 077,
+    which leaves an existing 0644 audit.jsonl 0644 for ever when only those paths write it."""
+    import subprocess
+
+    from deployer.ansible_plugins.filter_plugins.deployer_filters import audit_append
+    audit = tmp_path / "audit.jsonl"
+    audit.write_text('{"result": "old"}\n')
+    os.chmod(audit, 0o644)
+    line = json.dumps({"result": "ok", "note": "it's $(x) `y`"})
+    subprocess.run(["/bin/sh", "-c", audit_append(line, str(tmp_path) + "/")], check=True)
+    assert mode(audit) == 0o600
+    assert [json.loads(x)["result"] for x in audit.read_text().splitlines()] == ["old", "ok"]
+    assert json.loads(audit.read_text().splitlines()[1])["note"] == "it's $(x) `y`"

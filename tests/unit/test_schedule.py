@@ -107,3 +107,36 @@ def test_a_schedule_that_would_run_what_another_user_can_change_is_refused(tmp_p
         with pytest.raises(ScheduleError, match="unattended"):
             sc.install(s)
     assert installed == []
+
+
+def test_a_schedule_checks_the_inventorys_variables_and_the_checkout_at_add_and_again_at_each_run(tmp_path,
+                                                                                                    monkeypatch):
+    """Issue 53 N5: Ansible templates and runs an inventory's group_vars (a "{{ lookup('pipe', ...) }}" in a
+    writable gpu.yml ran as root every night), and the check ran only at `schedule add`, on the files named."""
+    import datetime
+    import os
+
+    from deployer import schedule as sc
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("all: {}\n")
+    gv = inv / "group_vars" / "gpu.yml"
+    gv.write_text("deployer_max_model_len: 4096\n")
+    os.chmod(tmp_path, 0o755)
+    for p in (inv, inv / "group_vars"):
+        os.chmod(p, 0o755)
+    for p in (inv / "hosts.yml", gv):
+        os.chmod(p, 0o644)
+    s = Schedule(id="t7", at="03:00", target=["-i", str(inv / "hosts.yml")])
+    paths = sc._paths_run(s)
+    assert str(inv / "group_vars") in paths and any(p.endswith("/roles") for p in paths) and \
+        any(p.endswith("site-packages") for p in paths) and any(p.endswith("ansible.cfg") for p in paths)
+    assert sc.unsafe_paths(s) == "" or "group_vars" not in sc.unsafe_paths(s)
+    os.chmod(gv, 0o666)                                    # made writable after the schedule was added
+    assert sc.unsafe_paths(s).startswith(f"{inv / 'group_vars'}: {gv} is writable by its group or others")
+    ran = []
+    monkeypatch.setattr(sc.subprocess, "run", lambda *a, **k: ran.append(a))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    said = []
+    assert sc.run_now(s, datetime.datetime(2026, 12, 7, 3, 0), say=said.append) == 2
+    assert ran == [] and '"event": "refused"' in said[0] and "nothing was run" in said[0]

@@ -133,3 +133,45 @@ def test_a_display_that_raises_never_stops_the_playbook(tmp_path, capsys):
     assert res.rc == 0
     assert seen.count("runner_on_ok") == 1          # the display was turned off at its first failure
     assert "display broke [/]" in capsys.readouterr().err
+
+
+def test_invisible_marks_and_emoji_codes_from_a_host_print_as_nothing_and_as_written(monkeypatch):
+    """Issue 53 N14: LRM/RLM, ALM, zero-width characters, BOM, soft hyphen and tag characters went through lit(), and
+    Rich turned a host's ':white_check_mark:' into a mark of the deployer's own."""
+    hidden = "\u200e\u200f\u061c\u200b\u200c\u200d\u2060\ufeff\u00ad\U000e0041"
+    assert output.lit(f"dep{hidden}loy OK") == "deploy OK"
+    buf = io.StringIO()
+    monkeypatch.setattr(output.out, "file", buf)
+    output.out.print(output.lit(":white_check_mark: deploy OK"))
+    assert buf.getvalue().strip() == ":white_check_mark: deploy OK"
+    assert not output.err._emoji
+
+
+def test_what_root_reads_of_the_servers_answers_is_bounded():
+    """Issue 53 N10: the smoke read the server's /metrics and reply whole (the service user writes them); root's
+    module, its result file and the controller held whatever size the server sent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from deployer.host.modules import smoke_request
+    big = b"x" * (3 * smoke_request.READ_LIMIT)
+
+    class Huge(BaseHTTPRequestHandler):
+        def _answer(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(big)))
+            self.end_headers()
+            self.wfile.write(big)
+        do_GET = do_POST = _answer
+
+        def log_message(self, *a):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Huge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}"
+        assert len(smoke_request._get(url + "/metrics", 30)) == smoke_request.READ_LIMIT
+        status, data, _error = smoke_request._chat(url + "/v1/chat/completions", {"x": 1}, {}, 30)
+        assert status == 200 and isinstance(data, dict)
+    finally:
+        srv.shutdown()

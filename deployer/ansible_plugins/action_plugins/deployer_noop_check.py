@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -119,8 +118,7 @@ class ActionModule(ActionBase):
         line = templar.copy_with_new_env(available_variables=available).template(
             trust_as_template("{{ %s | to_json(sort_keys=true) }}" % args["audit_line_from"]))
         path = "%s/%s" % (args["root"].rstrip("/"), AUDIT_FILE)
-        res = self._low_level_execute_command("umask 077; printf '%%s\\n' %s >> %s" % (shlex.quote(line),
-                                                                                     shlex.quote(path)))
+        res = self._low_level_execute_command(filters.audit_append(line, args["root"]))
         if res.get("rc") != 0:
             # as the raw task it replaces: a lost audit line is reported, never a failed no-op
             self._display.warning("could not append the audit line to %s: %s" % (path, (res.get("stderr") or "")

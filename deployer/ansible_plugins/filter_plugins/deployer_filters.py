@@ -254,6 +254,15 @@ def drafter_manifest(src_dir, strict=True):
         return None
 
 
+def audit_append(line, root):
+    """The one shell command that appends an audit line (JSON text) to ``<root>/audit.jsonl`` where no module runs
+    (tasks/finish.yml's raw task, the no-op check's own append): created 0600, and an older 0644 one made 0600 as the
+    lock module does (docs/security.md rule 18)."""
+    import shlex
+    path = shlex.quote("%s/audit.jsonl" % str(root).rstrip("/"))
+    return "umask 077; printf '%%s\\n' %s >> %s && chmod 0600 %s" % (shlex.quote(str(line)), path, path)
+
+
 class FilterModule(object):
     def filters(self):
         return {
@@ -287,4 +296,5 @@ class FilterModule(object):
             "drafter_manifest": drafter_manifest,
             "spec_decode_stats": spec_metrics.spec_decode_stats,
             "spec_decode_delta": spec_metrics.spec_decode_delta,
+            "audit_append": audit_append,
         }

@@ -114,10 +114,14 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
+# What root reads of the server's answers (issue 53 N10): the service user writes them, so a bound, as engine_watch
+# and host_io have; vLLM's /metrics with EAGLE-3 is ~30 KB, one chat answer of smoke_max_tokens far less
+READ_LIMIT = 4 << 20
+
 
 def _get(url, timeout):
     try:
-        return open_url(url, timeout=timeout).read().decode("utf-8", "replace")
+        return open_url(url, timeout=timeout).read(READ_LIMIT).decode("utf-8", "replace")
     except Exception:  # noqa: BLE001 - the caller judges a missing /metrics
         return ""
 
@@ -127,11 +131,11 @@ def _chat(url, body, headers, timeout):
     status, text, error = 0, "", ""
     try:
         r = open_url(url, data=json.dumps(body), headers=headers, method="POST", timeout=timeout)
-        status, text = r.getcode(), r.read().decode("utf-8", "replace")
+        status, text = r.getcode(), r.read(READ_LIMIT).decode("utf-8", "replace")
     except Exception as e:  # noqa: BLE001 - an HTTPError carries the status and body; anything else is no answer
         status = getattr(e, "code", 0) or 0
         try:
-            text = e.read().decode("utf-8", "replace") if hasattr(e, "read") else ""
+            text = e.read(READ_LIMIT).decode("utf-8", "replace") if hasattr(e, "read") else ""
         except Exception:  # noqa: BLE001
             text = ""
         error = "" if status else str(e)

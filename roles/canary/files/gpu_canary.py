@@ -358,7 +358,10 @@ def run_ranks(a) -> dict:
                 continue
             buf = partial.get(r, b"") + chunk
             *lines, partial[r] = buf.split(b"\n")
-            for line in lines:
+            # what a rank prints is bounded here (issue 53 N10): a report line is < 4 KB; a longer unfinished one is
+            # cut to its last 64 KB (not JSON: skipped), and at most 64 probes a rank are kept
+            partial[r] = partial[r][-65536:]
+            for line in lines[-256:]:
                 try:
                     ev = json.loads(line)
                 except ValueError:
@@ -366,7 +369,10 @@ def run_ranks(a) -> dict:
                 if isinstance(ev, dict) and isinstance(ev.get("step"), str):
                     ev.pop("rank", None)
                     step = ev.pop("step")
-                    (ranks[r]["probes"].append(ev) if step == "probe" else ranks[r]["steps"].__setitem__(step, ev))
+                    if step != "probe" and (step in ranks[r]["steps"] or len(ranks[r]["steps"]) < 32):
+                        ranks[r]["steps"][step] = ev
+                    elif step == "probe" and len(ranks[r]["probes"]) < 64:
+                        ranks[r]["probes"].append(ev)
     timed_out = any(pipes.values()) and stopped_by is None
     for p in procs:
         if p.poll() is None:
