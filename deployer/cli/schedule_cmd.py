@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -52,8 +53,9 @@ def add(
     target = Target(host, port, user, key, inventory, sandbox).schedule_words()
     name = secret_in_extra(extra or [])
     if name:
-        die(Exit.USAGE, f"-e: {name} is a secret and secrets are not stored in schedules; use {SECRET_ENV[name]} "
-                        "in the scheduler's environment or a vault file")
+        way = (f"use {SECRET_ENV[name]} in the scheduler's environment or a vault file" if name in SECRET_ENV else
+               "keep it in the inventory (a file only you can read) or a vault file")
+        die(Exit.USAGE, f"-e: {name} is a secret and secrets are not stored in schedules; {way}")
     if webhook and not webhook.startswith(("https://", "http://")):
         die(Exit.USAGE, f"--webhook {sc.redact_url(webhook)}: expected an http(s):// URL")
     s = sc.Schedule(id=sc.new_id(), at=at, target=target, if_changed=if_changed, window=window, webhook=webhook,
@@ -73,7 +75,29 @@ def secret_in_extra(extra: list[str]) -> str:
     ``@file``), or "" when none.  Read by the parser the scheduled run uses (``parse_extra``, the environment
     left out): what it refuses - a mapping or file that cannot be parsed, which might hide a secret - is refused
     now (exit 2, nothing installed), not at 3 a.m."""
-    return next((n for n in parse_extra(extra, from_env=False) if n in SECRET_ENV), "")
+    for n, v in parse_extra(extra, from_env=False).items():
+        if n in SECRET_ENV:
+            return n
+        why = _secret_like(n, v)
+        if why:
+            return why
+    return ""
+
+
+# Undeclared secrets (issue 53 N13): a setting or an environment variable named like one, a URL with credentials
+_SECRET_NAME = re.compile(r"(?i)(password|passwd|secret|token|api[_-]?key|_key)$|password")
+_URL_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]*:[^/@\s]*@")
+
+
+def _secret_like(name, value) -> str:
+    """Why ``name``/``value`` is a secret by its look, or "" (a mapping's keys and values are looked into)."""
+    if isinstance(value, dict):
+        return next((f"{name}.{k}" for k, v in value.items() if _secret_like(str(k), v)), "")
+    if isinstance(value, list):
+        return next((name for v in value if _secret_like("", v)), "")
+    if name and _SECRET_NAME.search(str(name)):
+        return name
+    return name or "a value" if isinstance(value, str) and _URL_CREDENTIALS.search(value) else ""
 
 
 @app.command("list")
