@@ -34,6 +34,24 @@ def api_guard_module(bin_dir: str) -> tuple[str, str]:
     return f"{bin_dir}/{module}.py", module
 
 
+# The host's state keeper (roles/render/files/state_keeper/) and the host module_utils it runs, as it imports them
+# there: under an ``ansible/module_utils`` package of its own
+_KEEPER_UTILS = ("__init__", "host_state", "host_io", "journal_follow", "engine_logs", "load_rules", "log_lines",
+                 "root_causes")
+
+
+def state_keeper_files(bin_dir: str) -> tuple[str, dict[str, Path]]:
+    """The keeper's folder on the host (root's bin/) and its files: {path on the host: source here}.  Not named by
+    content and not a release input: a new keeper reaches a live host without a new release (the no-op check compares
+    each file; the render stage writes them; the keeper restarts itself when its files change)."""
+    src = {"state_keeper.py": _REPO / "roles" / "render" / "files" / "state_keeper" / "state_keeper.py",
+           "ansible/__init__.py": _REPO / "deployer" / "host" / "__init__.py"}
+    src.update({f"ansible/module_utils/{n}.py": _REPO / "deployer" / "host" / "module_utils" / f"{n}.py"
+                for n in _KEEPER_UTILS})
+    d = f"{bin_dir}/state-keeper"
+    return d, {f"{d}/{k}": v for k, v in src.items()}
+
+
 def templates_hash() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in _TEMPLATES)).hexdigest()[:12]
 

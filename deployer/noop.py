@@ -28,9 +28,16 @@ def expected_release(the_plan: dict, state: dict) -> dict:
     return {"id": release_id(the_plan, fp), "fingerprint": fp, "patches": patches, "reasons": reasons}
 
 
-def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, env_sha256: str) -> dict:
+def _sha256_of(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, env_sha256: str,
+               keeper_unit_sha256: str | None = None) -> dict:
     """Pure: is the planned release already live and serving, exactly?  ``unit_sha256``/``env_sha256``: the
-    unit and env file the render stage would write, rendered on the controller.  Every check is on the
+    unit and env file the render stage would write, rendered on the controller (``keeper_unit_sha256``: the state
+    keeper's unit, when the plan keeps the host's state).  Every check is on the
     host's truth (files, systemd, /health), not on a record of an earlier run."""
     probe = state.get("probe") or {}
     unit = probe.get("unit") or {}
@@ -61,6 +68,12 @@ def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, en
     wrapper = (the_plan.get("unit") or {}).get("line_splitter")
     if wrapper and (probe.get("files_sha256") or {}).get(wrapper) != line_splitter_sha256():
         reasons.append(f"the log-line wrapper {wrapper} is missing or differs from the planned one")
+    keeper = the_plan.get("state_keeper") or {}
+    changed = [p for p, src in (keeper.get("files") or {}).items()
+               if (probe.get("files_sha256") or {}).get(p) != _sha256_of(src)]
+    if changed or (keeper and (probe.get("files_sha256") or {}).get(keeper["unit_path"]) != keeper_unit_sha256):
+        reasons.append("the host's state keeper is missing or differs: %s" % (", ".join(changed[:3])
+                                                                             or keeper.get("unit_path")))
     if (unit.get("ActiveState"), unit.get("SubState"), unit.get("NeedDaemonReload")) != ("active", "running", "no"):
         reasons.append("the server is {}/{}{}".format(unit.get("ActiveState"), unit.get("SubState"),
                                                      " (unit changed on disk)" if unit.get("NeedDaemonReload") == "yes"

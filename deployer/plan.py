@@ -36,6 +36,8 @@ drafter             None, or {src, files, tree_sha256, bytes, store_dir, dir, st
 argv                the full ``vllm serve`` argv, launcher first (built by the engine's own argv module, nowhere else)
 env                 the non-secret environment of the server (secrets go only to the live 0600 secrets files)
 restart_delay_seconds  systemd RestartSec
+state_keeper        None, or the host's state keeper: {dir (content-named, root's bin/), files {host path: source},
+                    textfile_dir, unit, unit_path} (roles/render writes them; the engine's unit Wants= it)
 release_inputs      everything that names a release (hashed with the patch fingerprint into its id)
 dirs                root, releases, current, previous, drafters, bin, cache (root's: uv), server_cache (the
                     service user's home: torch.compile, Triton, Hugging Face and XDG caches, shared by releases)
@@ -54,7 +56,7 @@ from deployer import engines, versions
 from deployer.engines.argv import ServeConfigError, systemd_exec_quote
 from deployer.host.module_utils import formats, spec_metrics
 from deployer.host.module_utils.load_rules import RULESETS
-from deployer.identity import api_guard_module, line_splitter_path, templates_hash
+from deployer.identity import api_guard_module, line_splitter_path, state_keeper_files, templates_hash
 from deployer.live_secrets import live_secrets
 
 SECRET_KEYS = ("api_key", "hf_token")
@@ -68,6 +70,10 @@ _DEVICE_RE = re.compile(r"^(char-[A-Za-z0-9_.-]+|/dev/[A-Za-z0-9_./-]+)( [rwm]{1
 
 class PlanError(ValueError):
     """Bad deploy input; the message names the setting, the value and what is expected."""
+
+
+# The host's state keeper's unit (templates/state-keeper.service.j2): one per host, whatever the engine's unit is named
+KEEPER_UNIT = "deployer-state"
 
 
 def is_loopback(host: str) -> bool:
@@ -218,6 +224,15 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     if not isinstance(line_splitter, bool):
         raise PlanError(f"log_line_splitter: got {line_splitter!r}, expected true or false")
     wrapper = line_splitter_path(dirs["bin"]) if line_splitter else None
+    keeper = None
+    if _need(s, "state_keeper"):
+        textfile_dir = str(_need(s, "metrics_textfile_dir"))
+        if not re.fullmatch(r"/[A-Za-z0-9_./-]*", textfile_dir) or ".." in textfile_dir.split("/"):
+            raise PlanError(f"metrics_textfile_dir: got {textfile_dir!r}, expected an absolute path of letters, "
+                            "digits and _ . / -")
+        kdir, kfiles = state_keeper_files(dirs["bin"])
+        keeper = {"dir": kdir, "files": {k: str(v) for k, v in kfiles.items()}, "textfile_dir": textfile_dir,
+                  "unit_path": f"/etc/systemd/system/{KEEPER_UNIT}.service", "unit": KEEPER_UNIT}
 
     probe = probe_host(bind)
     return with_devices({
@@ -237,13 +252,13 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
         "draft_tokens_per_step": eng.draft_tokens_per_step(s) if speculative else 0,
-        "restart_delay_seconds": restart_delay, "dirs": dirs,
+        "restart_delay_seconds": restart_delay, "dirs": dirs, "state_keeper": keeper,
         # the caches the environment points into the server cache: the install stage makes them, the user's own
         "server_cache_dirs": _cache_dirs(sc, env.values()),
         "secrets": live_secrets(dirs, service),
         "release_inputs": {"argv": argv, "engine": backend, "version": version,
                            "drafter": drafter["tree_sha256"] if drafter else None,
-                           "env": env, "restart_delay": restart_delay,
+                           "env": env, "restart_delay": restart_delay, "state_keeper": keeper is not None,
                            "user": user, "writable": writable, "devices": [], "templates": templates_hash(),
                            "line_splitter": wrapper},
     }, s.get("device_allow"))

@@ -35,8 +35,10 @@ apt_deps() {
   # haproxy: the sandbox's balancer host (it shares this machine's file system) and the balancer tests;
   # sudo: the sandbox's hosts that refuse root over SSH (`deployer sandbox start --sudo`); gcc, g++, python3-dev: the
   # run-time toolchain the verify stage checks for (Triton's C compiler and Python.h; FlashInfer's c++ under SGLang),
-  # which the sandbox's hosts take from this machine's file system
-  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl util-linux haproxy sudo gcc g++ python3-dev; do
+  # which the sandbox's hosts take from this machine's file system; prometheus (its promtool checks and tests the alert
+  # rules, its server the monitoring test) and prometheus-node-exporter (the sandbox hosts' node_exporter, which
+  # serves the state keeper's deployer.prom), Debian's own
+  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl util-linux haproxy sudo gcc g++ python3-dev prometheus prometheus-node-exporter; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

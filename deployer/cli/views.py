@@ -63,6 +63,34 @@ def _phases(ps) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def keeper_line(k) -> str:
+    """The host's state keeper's account of a load or a deploy in progress, as one line ("" when there is none: the
+    engine is serving and no deploy holds the lock, or no keeper runs)."""
+    if not isinstance(k, dict):
+        return ""
+    ld, dp = k.get("load") or {}, k.get("deploy") or {}
+    if ld.get("phase") == "ready" and not dp.get("in_progress"):
+        return ""
+    from deployer.host.module_utils.engine_logs import PHASE_TITLES
+    phase = str(ld.get("phase"))
+    parts = [f"load: {PHASE_TITLES.get(phase, phase)}"]
+    if isinstance(ld.get("progress_ratio"), (int, float)):
+        parts[0] += f" {100 * ld['progress_ratio']:.0f}%"
+    if isinstance(ld.get("elapsed_seconds"), (int, float)):
+        parts.append(f"{ld['elapsed_seconds']:.0f} s in")
+    if isinstance(ld.get("eta_seconds"), (int, float)):
+        parts.append(f"ETA {int(ld['eta_seconds']) // 60}m{int(ld['eta_seconds']) % 60:02d}s")
+    if isinstance(ld.get("budget_seconds"), (int, float)):
+        parts.append(f"budget {ld['budget_seconds']:.0f} s")
+    if ld.get("stalled"):
+        parts.append(f"STALLED ({ld.get('seconds_since_progress')} s without progress)")
+    if dp.get("in_progress"):
+        parts.append(f"deploy in progress: {dp.get('command')} by {dp.get('user') or '?'}")
+    if ld.get("fatal"):
+        parts.append(f"last fatal: {ld['fatal']}")
+    return "; ".join(parts)[:118]
+
+
 def _exposure(r: dict, keyed=None) -> tuple[str, bool]:
     """What a release's server answers, and to whom (``Engine.exposure`` over its recorded argv), and whether all of
     it asks the key.  ``keyed``: whether the live secrets hold a key (status reads them); else the release's record."""
@@ -164,6 +192,9 @@ def status(host: Host = None, port: Port = 22, user: User = "root", key: Key = N
                   f"{lit(st.get('previous') or '-')}); unit {lit(unit.get('ActiveState', '?'))} since "
                   f"{lit(unit.get('ActiveEnterTimestamp') or '-')}, restarts {lit(unit.get('NRestarts', '?'))}; "
                   f"health {lit(st.get('health'))}")
+        line = keeper_line(st.get("keeper"))
+        if line:
+            out.print("  " + lit(line))
         fatal = st.get("last_fatal") or {}
         if st.get("crash_loop"):
             out.print(f"  [red]CRASH LOOP[/]: systemd restarted the server {lit(unit.get('NRestarts'))} times "

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from deployer import tools
-from deployer.sandbox import real_engine
+from deployer.sandbox import common, real_engine
 from deployer.sandbox.checkpoints import write_model_dir
 from deployer.sandbox.common import (
     DEPLOY_ROOT,
@@ -135,6 +135,11 @@ def prepare_upper(h: Host, pubkey: str, seed: Path | None = None,
     for w in ("multi-user.target.wants", "timers.target.wants", "getty.target.wants", "sysinit.target.wants"):
         opaque.append(mk(f"etc/systemd/system/{w}"))
     (sysd / "multi-user.target.wants/ssh.service").symlink_to("/lib/systemd/system/ssh.service")
+    # Debian's node_exporter (scripts/dev.sh installs it here): a host's own monitoring, which serves the state
+    # keeper's deployer.prom from its textfile directory on :9100 (docs/monitoring.md)
+    exporter = Path("/lib/systemd/system/prometheus-node-exporter.service")
+    if exporter.exists() and not common.is_balancer(h):
+        (sysd / "multi-user.target.wants/prometheus-node-exporter.service").symlink_to(str(exporter))
     for u in ("console-getty.service", "getty@.service", "serial-getty@.service", "postgresql.service",
               "postgresql@.service", "systemd-timesyncd.service", "e2scrub_reap.service",
               "apt-daily.service", "apt-daily-upgrade.service", "man-db.service"):

@@ -65,6 +65,11 @@ def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
     assert sh(H, "readlink /opt/deployer/current") == live
 
 
+def deployer_status():
+    from sandbox_helpers import deployer
+    return deployer("status", "--sandbox").stdout
+
+
 def test_live_shard_and_graph_progress_through_real_journald(sandbox):
     """vLLM's shard bar (a newline after every redraw) reaches the watch live through journald; so do its
     CUDA-graph bars, which redraw with \r only: the unit runs the engine under journal_lines.py, which makes each
@@ -73,11 +78,45 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox):
     samples there), so the phases last long enough for >= 3 samples and the graph check asks for two distinct
     values inside the bar, which a bar seen only when it closed cannot give."""
     sandbox.set_knobs(H, standin={"phase_seconds": {"weights": 8, "graphs": 10}})
+    # issue 54: from another terminal, with no access to the deploy, the host itself says what is loading: its
+    # node_exporter serves the state keeper's metrics, and `deployer status` reads the keeper's state
+    import subprocess
+    import sys
+    import time
+
+    from deployer.sandbox import common
+    from sandbox_helpers import ROOT
+    ip = {h.name: h.ip for h in common.hosts_on_disk()}[H]
+    deploy = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "-e",
+                               "deployer_max_model_len=16384", "--json", *FAST], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen, status = "", ""
     try:
-        r = up("-e", "deployer_max_model_len=16384", "--json", *FAST)
+        deadline = time.time() + 300
+        while deploy.poll() is None and time.time() < deadline:
+            seen = subprocess.run(["curl", "-s", f"http://{ip}:9100/metrics"], capture_output=True, text=True,
+                                  timeout=30).stdout
+            if 'deployer_load_phase{phase="weights",service="deployer-engine"} 1' in seen:
+                status = deployer_status()
+                break
+            time.sleep(0.5)
+        out, err = deploy.communicate(timeout=600)
     finally:
         sandbox.set_knobs(H, standin={})
+    r = subprocess.CompletedProcess(deploy.args, deploy.returncode, out, err)
     assert r.returncode == 0, r.stderr
+    assert 'deployer_deploy_in_progress{service="deployer-engine"} 1' in seen, seen[-3000:]
+    assert re.search(r'deployer_load_budget_seconds\{service="deployer-engine"\} \d', seen), seen[-3000:]
+    assert "load: loading weights" in flat(status) and "ETA" in status and "deploy in progress: up" in status, status
+    after = subprocess.run(["curl", "-s", f"http://{ip}:9100/metrics"], capture_output=True, text=True).stdout
+    for _ in range(20):         # the keeper writes every 2 s
+        if 'deployer_load_phase{phase="ready",service="deployer-engine"} 1' in after and \
+                'deployer_deploy_in_progress{service="deployer-engine"} 0' in after:
+            break
+        time.sleep(1)
+        after = subprocess.run(["curl", "-s", f"http://{ip}:9100/metrics"], capture_output=True, text=True).stdout
+    assert 'deployer_last_deploy_success{service="deployer-engine"} 1' in after, after[-3000:]
+    assert 'deployer_load_phase{phase="ready",service="deployer-engine"} 1' in after, after[-3000:]
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     pcts = sorted({e["percent"] for e in events if e["event"] == "phase" and e["phase"] == "weights"
                    and e["percent"] is not None})

@@ -290,7 +290,8 @@ def test_the_status_a_host_reports_is_assembled_in_one_place():
     store = {"releases": [{"id": "a" * 12}], "current": "a" * 12, "previous": None, "lock": None, "live": {"x": 1}}
     quiet = status_view(store, 3)
     assert quiet == {"releases": [{"id": "a" * 12}], "current": "a" * 12, "previous": None, "lock": None,
-                     "unit": None, "health": None, "last_fatal": None, "api_key_set": None, "crash_loop": False,
+                     "unit": None, "health": None, "last_fatal": None, "api_key_set": None, "keeper": None,
+                     "crash_loop": False,
                      "crash_loop_restarts": 3, "spec": None, "gpu_memory_used_mib": []}
     fatal = {"kind": "cuda_oom", "line": "CUDA out of memory", "runs_ago": 0, "at": 1.0}
     live = dict(store, probe={"unit": {"ActiveState": "active", "NRestarts": "3", "MainPID": "42", "SubState": "x"},

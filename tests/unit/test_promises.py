@@ -99,19 +99,20 @@ def _id(**over):
 # The id of the default settings, pinned: an unintended change renames every host's release and so restarts every
 # server on its next `up` (README).  When a change to the unit, the argv or the wrapper is meant, update it here and
 # say so in the commit: every host restarts once.  Last: vLLM's API guard (--middleware and PYTHONPATH, issue 53: vLLM
-# checks its key on /v1 only) and the log-line wrapper's wider redaction (every engine); before them gmu 0.90 -> 0.94
-# and --max-num-seqs 128 (issue 42, the memory plan).
-GOLDEN_DEFAULT_ID = "3221dfa4a5b2"
+# checks its key on /v1 only), the log-line wrapper's wider redaction and the unit's Wants= of the host's state keeper
+# (issue 54; every engine); before them gmu 0.90 -> 0.94 and --max-num-seqs 128 (issue 42, the memory plan).
+GOLDEN_DEFAULT_ID = "02414551be7c"
 # the other engines' and releases' ids, pinned the same way (issue 43: the engine seam's cut changed none of them)
-GOLDEN_IDS = {"sglang": ({"backend": "sglang"}, "6ff42fc5a3f6"),
-              "vllm 0.33.0 unpatched": ({"vllm_version": "0.33.0", "patch_enabled": False}, "69ab8dedba35"),
-              "sglang with an API key": ({"backend": "sglang", "api_key": "k"}, "949bf3a92c4e")}
+GOLDEN_IDS = {"sglang": ({"backend": "sglang"}, "e4f4eefad22b"),
+              "vllm 0.33.0 unpatched": ({"vllm_version": "0.33.0", "patch_enabled": False}, "0e165be8d8cb"),
+              "sglang with an API key": ({"backend": "sglang", "api_key": "k"}, "dc2ddb88631a")}
 
 
 @pytest.mark.parametrize("over", [
     {"env_extra": {"VLLM_LOGGING_LEVEL": "DEBUG"}}, {"nccl_env": {"NCCL_P2P_LEVEL": "PIX"}},
     {"restart_delay_seconds": 31}, {"service_user": "vllm2"}, {"writable_paths": ["/srv/scratch"]},
     {"device_allow": ["char-nvidia-frontend rw"]}, {"log_line_splitter": False}, {"max_model_len": 65536},
+    {"state_keeper": False},
     {"vllm_version": "0.18.0"},
 ])
 def test_every_release_input_changes_the_id(over):

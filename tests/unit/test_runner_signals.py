@@ -271,7 +271,8 @@ def test_ssh_options_in_the_environment_cannot_turn_the_host_key_check_off(tmp_p
                                                     " -o ControlMaster=auto"}) == []        # still checked
     assert host_key_overrides({"ANSIBLE_SSH_EXTRA_ARGS": "-o 'StrictHostKeyChecking no'"})
     # issue 53 N7: what the regex let through, read now as ssh reads its options
-    for value in ("-F /tmp/cfg", "-F/tmp/cfg", "-o UserKnownHostsFile=/dev//null", "-o 'UserKnownHostsFile /dev/./null'",
+    for value in ("-F /tmp/cfg", "-F/tmp/cfg", "-o UserKnownHostsFile=/dev//null",
+                  "-o 'UserKnownHostsFile /dev/./null'",
                   "-o UserKnownHostsFile=/proc/self/fd/NONE -o StrictHostKeyChecking=accept-new", "-o 'x"):
         assert host_key_overrides({"ANSIBLE_SSH_ARGS": value}), value
     assert host_key_overrides({"ANSIBLE_SSH_EXECUTABLE": str(tmp_path / "wrapper")})

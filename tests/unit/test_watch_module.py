@@ -2,11 +2,11 @@
 import json
 import sys
 
-from deployer.host.module_utils import engine_logs, host_io, load_rules, log_lines, root_causes
+from deployer.host.module_utils import engine_logs, host_io, journal_follow, load_rules, log_lines, root_causes
 from deployer.host.module_utils.engine_logs import LoadState
 
 # Ansible ships module_utils to the host under ansible.module_utils.*; map them for an in-process import.
-for _mod in (engine_logs, host_io, load_rules, log_lines, root_causes):
+for _mod in (engine_logs, host_io, load_rules, log_lines, root_causes, journal_follow):
     sys.modules.setdefault("ansible.module_utils." + _mod.__name__.rsplit(".", 1)[1], _mod)
 from deployer.host.modules import engine_watch  # noqa: E402
 
@@ -34,8 +34,8 @@ def fake_journal(tmp_path, monkeypatch, entries):
     exe = d / "journalctl"
     exe.write_text(FAKE_JOURNALCTL)
     exe.chmod(0o755)
-    monkeypatch.setattr(engine_watch, "JOURNALCTL", str(exe))
-    monkeypatch.setattr(engine_watch, "STATE_DIR", str(tmp_path / "watch-state"))
+    monkeypatch.setattr(journal_follow, "JOURNALCTL", str(exe))
+    monkeypatch.setattr(journal_follow, "STATE_DIR", str(tmp_path / "watch-state"))
     return d
 
 
@@ -48,7 +48,7 @@ def test_journal_decodes_binary_messages_and_asks_for_all_fields(tmp_path, monke
         {"MESSAGE": None, "__MONOTONIC_TIMESTAMP": "2500000"},
     ]
     d = fake_journal(tmp_path, monkeypatch, lines)
-    entries, cursor, more, _n = engine_watch.read_journal(run, "deployer-engine", "abc", None, 1 << 20)
+    entries, cursor, more, _n = journal_follow.read_journal(run, "deployer-engine", "abc", None, 1 << 20)
     call = json.loads((d / "calls").read_text())
     assert "--all" in call and "_SYSTEMD_INVOCATION_ID=abc" in call
     assert len(entries) == 2 and entries[1][0] == 2.0 and cursor == "2" and not more
@@ -58,7 +58,7 @@ def test_journal_decodes_binary_messages_and_asks_for_all_fields(tmp_path, monke
     assert st.phase == "weights" and st.progress == (32, 64)
     assert st.phase_durations(3.0) == {"starting": 1.0, "weights": 1.0}
     # read again from its cursor: nothing new is nothing read
-    assert engine_watch.read_journal(run, "deployer-engine", "abc", cursor, 1 << 20)[:3] == ([], "2", False)
+    assert journal_follow.read_journal(run, "deployer-engine", "abc", cursor, 1 << 20)[:3] == ([], "2", False)
 
 
 def run(args, use_unsafe_shell=False, encoding="utf-8"):
@@ -167,10 +167,10 @@ def test_each_journal_line_is_read_once_and_a_flood_costs_each_look_a_bounded_re
     # each look read at most its limit, the second from where the first stopped: no line twice
     assert follows[inv].read["bytes"] <= 2 * limit and follows[inv].read["lines"] == cursors[1] + 1, follows[inv].read
     assert 0 < cursors[0] < cursors[1] < 2 * limit // 16000
-    assert follows[inv].state.phase == "starting" and len(follows[inv].tail) == engine_watch.TAIL
+    assert follows[inv].state.phase == "starting" and len(follows[inv].tail) == journal_follow.TAIL
     if os.geteuid() == 0:       # kept between calls in root's 0700 directory: the next call goes on from there
-        engine_watch.save_follow(P["service"], inv, follows[inv])
-        assert oct(os.stat(engine_watch.STATE_DIR).st_mode & 0o777) == "0o700"
+        journal_follow.save_follow(P["service"], inv, follows[inv])
+        assert oct(os.stat(journal_follow.STATE_DIR).st_mode & 0o777) == "0o700"
         again = {}
         engine_watch.look(UnitModule(**props), p, again)
         assert int(again[inv].cursor) > cursors[1] and again[inv].read["lines"] == int(again[inv].cursor) - cursors[1]

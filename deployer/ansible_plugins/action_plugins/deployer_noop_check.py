@@ -33,6 +33,7 @@ from deployer.host.modules import deployer_noop_check as doc  # noqa: E402
 
 # the templates the render stage writes (roles/render/tasks/main.yml), rendered here only to be hashed
 TEMPLATES = ("engine.service.j2", "engine.env.j2")
+KEEPER_TEMPLATE = "state-keeper.service.j2"   # the host's state keeper's unit, when the plan keeps the host's state
 # The arguments are checked against the options the module's documentation declares (one definition; the keys an
 # argument spec takes, the descriptions dropped).
 ARGUMENT_SPEC = {name: {k: v for k, v in opt.items() if k in ("type", "elements", "required", "default", "choices")}
@@ -76,7 +77,10 @@ class ActionModule(ActionBase):
                                    "drafter_dir": (the_plan.get("drafter") or {}).get("dir") or "",
                                    "port": the_plan["port"], "host": the_plan["probe_host"],
                                    "files": [(the_plan["unit"].get("line_splitter") or ""),
-                                             the_plan["secrets"]["dropin_path"]]}})
+                                             the_plan["secrets"]["dropin_path"]]
+                                   + sorted((the_plan.get("state_keeper") or {}).get("files") or {})
+                                   + ([the_plan["state_keeper"]["unit_path"]] if the_plan.get("state_keeper")
+                                      else [])}})
         state.pop("invocation", None)          # its arguments hold the live secrets (no_log there, dropped here)
         if state.get("failed"):
             return dict(result, failed=True, msg="reading the host: " + str(state.get("msg") or state))
@@ -88,7 +92,9 @@ class ActionModule(ActionBase):
         expected = noop.expected_release(bound, state)
         unit_sha, env_sha = (hashlib.sha256(self._render(name, task_vars, bound, expected).encode()).hexdigest()
                              for name in TEMPLATES)
-        result.update(noop.noop_check(expected, state, bound, unit_sha, env_sha))
+        keeper_sha = (hashlib.sha256(self._render(KEEPER_TEMPLATE, task_vars, bound, expected).encode()).hexdigest()
+                      if bound.get("state_keeper") else None)
+        result.update(noop.noop_check(expected, state, bound, unit_sha, env_sha, keeper_sha))
         if result["noop"]:
             # said as a debug task says it: the CLI prints the msg (deployer/output.py), plain ansible-playbook the
             # result (_ansible_verbose_always, as ansible.builtin.debug sets it); the plan is no longer needed (the

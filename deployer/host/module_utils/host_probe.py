@@ -121,6 +121,20 @@ def _venv_state(venv, patchable=True):
     return out
 
 
+KEEPER_STATE = "/run/deployer/state.json"
+
+
+def _keeper_state():
+    """What the host's state keeper wrote last (module_utils/host_state.py), or None when it runs not here."""
+    import json
+    try:
+        with open(KEEPER_STATE) as f:
+            got = json.loads(f.read(1 << 20))
+        return got if isinstance(got, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
 def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="127.0.0.1", patchable=True):
     """What a no-op ``up`` must know, in the same round trip: the venv the plan names (installed? patch
     state and fingerprint), the drafter (complete?), the live release's env file and unit checksums, the
@@ -131,7 +145,7 @@ def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="
     extra = {}
     if live:
         extra = {"metrics": _http_get(port, "/metrics", host=host)[1], "gpu_memory_used_mib": _gpu_memory_used_mib(),
-                 "last_fatal": _last_fatal(service), "api_key_set": live_key_set(root)}
+                 "last_fatal": _last_fatal(service), "api_key_set": live_key_set(root), "keeper": _keeper_state()}
     return dict(extra, **{"venv": _venv_state(venv, patchable) if venv else None,
             "drafter_complete": bool(drafter_dir) and os.path.exists(os.path.join(drafter_dir, ".deployer-complete")),
             "drafter_changed": drafter_changed(drafter_dir) if drafter_dir else [],
@@ -164,6 +178,7 @@ def status_view(state, crash_loop_restarts):
             "health": pr.get("health") if pr else None,
             "last_fatal": pr.get("last_fatal") if pr else None,
             "api_key_set": pr.get("api_key_set") if pr else None,
+            "keeper": pr.get("keeper") if pr else None,
             "crash_loop": bool(pr) and restarts >= int(crash_loop_restarts),
             "crash_loop_restarts": int(crash_loop_restarts),
             "spec": spec_decode_stats(pr["metrics"]) if pr.get("metrics") else None,

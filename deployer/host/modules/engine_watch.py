@@ -157,22 +157,16 @@ journal:
   type: dict
 """
 
-import os
-import pickle
-import re
 import resource
-import shlex
-import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.engine_logs import LoadState, eta_seconds, overdue_seconds
+from ansible.module_utils.engine_logs import eta_seconds, overdue_seconds
 from ansible.module_utils.host_io import http_get, systemd_show
+from ansible.module_utils.journal_follow import load_follow, read_journal, save_follow, save_watch
 from ansible.module_utils.load_rules import RULESETS
-from ansible.module_utils.log_lines import LINE_CHARS, journal_entry
-from ansible.module_utils.root_causes import RootCause, advice
+from ansible.module_utils.root_causes import advice
 
-TAIL = 40
 # systemd's own exit statuses (systemd.exec(5) "Process Exit Codes"): the process never ran vLLM's code,
 # systemd failed to set it up - a missing user, a ReadWritePaths directory that does not exist, ...
 SYSTEMD_EXIT = {"200": "CHDIR", "203": "EXEC", "204": "MEMORY", "206": "OOM_ADJUST", "209": "STDOUT",
@@ -190,116 +184,6 @@ GENERIC_FATAL_GRACE_SECONDS = 3.0
 def unit_props(module, service):
     return systemd_show(service, ["ActiveState", "SubState", "MainPID", "ActiveEnterTimestampMonotonic",
                                   "InvocationID", "ExecMainStatus", "NRestarts"], module.run_command)
-
-
-# Where a look leaves off, between calls: root's, 0700, on tmpfs (gone at a reboot, as the unit's start is)
-STATE_DIR = "/run/deployer-watch"
-JOURNALCTL = "journalctl"
-
-
-class Follow(object):
-    """One start of the unit as read so far: the journal cursor after its last line read, the load state and the
-    root cause folded from every line up to it, and its last lines."""
-    FORMAT = 1      # what a kept Follow holds: a new field, or LoadState's, is a new format (an old one is not read)
-
-    def __init__(self, engine, eager):
-        self.format = self.FORMAT
-        self.cursor = None
-        self.state = LoadState(engine, eager=eager)
-        self.cause = RootCause()
-        self.tail = []
-        self.read = {"bytes": 0, "lines": 0, "more": False}
-
-    def feed(self, t, msg):
-        self.state.feed(msg, t)
-        self.cause.feed(msg)
-        self.tail = (self.tail + [msg[:LINE_CHARS]])[-TAIL:]      # redacted by journal_entry; a hostile line capped
-
-
-def _state_file(service, invocation):
-    if not re.match(r"^[0-9a-f]{32}$", invocation or ""):
-        return None
-    return os.path.join(STATE_DIR, "%s-%s.pickle" % (service, invocation))
-
-
-def _private_dir():
-    """STATE_DIR when it is root's own 0700 directory (made so when missing), else None: nothing is kept."""
-    try:
-        os.mkdir(STATE_DIR, 0o700)
-    except OSError:
-        pass
-    try:
-        st = os.lstat(STATE_DIR)
-    except OSError:
-        return None
-    ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() == 0 and not st.st_mode & 0o077
-    return STATE_DIR if ok else None
-
-
-def load_follow(service, invocation, engine, eager):
-    """Where the last look of this start left off (a fresh Follow for a new start, another engine or no state)."""
-    path = _state_file(service, invocation)
-    if path and _private_dir():
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as f:
-                got = pickle.load(f)      # root's own file in root's 0700 directory
-            if isinstance(got, Follow) and got.format == Follow.FORMAT and (got.state.engine, got.state.eager) == \
-                    (engine, eager):
-                got.read = {"bytes": 0, "lines": 0, "more": False}
-                return got
-        except Exception:   # none yet, or unreadable: read this start from its first line
-            pass
-    return Follow(engine, eager)
-
-
-def save_follow(service, invocation, follow):
-    path = _state_file(service, invocation)
-    if not path or not _private_dir():
-        return
-    for name in os.listdir(STATE_DIR):      # earlier starts of this unit are done with
-        if name.startswith(service + "-") and name != os.path.basename(path):
-            try:
-                os.unlink(os.path.join(STATE_DIR, name))
-            except OSError:
-                pass
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(follow, f)
-        os.rename(tmp, path)
-    except Exception:   # not kept: the next call reads this start from its first line again (slower, still right)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
-def read_journal(run_command, service, invocation, cursor, max_bytes):
-    """This start's lines after ``cursor``, at most ``max_bytes`` of journalctl's output: [(t, message)], the
-    cursor after the last one, whether more are waiting, and the bytes read."""
-    # only this start's lines: the invocation id changes with every (re)start of the unit
-    match = ("_SYSTEMD_INVOCATION_ID=" + invocation) if invocation else ("_SYSTEMD_UNIT=" + service + ".service")
-    # --all: journalctl prints fields over 4096 bytes as null without it, and a tqdm bar with all its
-    # \r redraws is one such field (the 64-shard bar is ~10 KB)
-    args = [JOURNALCTL, match, "-o", "json", "--all", "--no-pager"] + (["--after-cursor", cursor] if cursor else [])
-    # head stops journalctl (SIGPIPE) one byte past the limit: that byte says more are waiting
-    cmd = " ".join(shlex.quote(a) for a in args) + " | head -c %d" % (max_bytes + 1)
-    _rc, out, _err = run_command(cmd, use_unsafe_shell=True, encoding=None)
-    more = len(out) > max_bytes
-    lines = out[:max_bytes].split(b"\n")
-    if more:
-        lines = lines[:-1]     # the line the limit cut: read again from its start by the next look
-    entries = []
-    for line in lines:
-        e = journal_entry(line.decode("utf-8", "replace")) if line.strip() else None
-        if e is None:
-            continue
-        cursor = e.get("__CURSOR") or cursor
-        if e.get("MESSAGE") is not None:
-            entries.append((int(e.get("__MONOTONIC_TIMESTAMP", 0)) / 1e6, e["MESSAGE"]))
-    return entries, cursor, more, min(len(out), max_bytes)
 
 
 def _advice(fatal):
@@ -440,6 +324,9 @@ def main():
     for inv, follow in follows.items():
         read = dict(follow.read)
         save_follow(p["service"], inv, follow)
+        save_watch(p["service"], dict(invocation=inv, budget_seconds=p["budget_seconds"],
+                                      stall_seconds=p["stall_seconds"], stall_floor_factor=p["stall_floor_factor"],
+                                      previous_phase_seconds=p["previous_phase_seconds"], at=time.time()))
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     res["journal"] = dict(read, cpu_seconds=round(me.ru_utime + me.ru_stime + kids.ru_utime
                                                                    + kids.ru_stime, 3),

@@ -152,6 +152,8 @@ def main():
             diffs.append(dict(before_header=path, after_header=path,
                               before=(before or b"").decode("utf-8", "replace"), after=f["content"]))
         if not m.check_mode:
+            if not os.path.isdir(os.path.dirname(path)):   # a content-named folder of root's bin/ (the state keeper)
+                os.makedirs(os.path.dirname(path), 0o755)
             write_atomic(path, data, mode)
     unit_file = os.path.join(d, p["unit"])
     if p["verify_unit"] and not m.check_mode:

@@ -57,6 +57,13 @@ options:
     description: The port the old server answers C(/health) on.
     type: int
     required: true
+  keeper:
+    description:
+      - The host's state keeper's unit name (C(deployer-state)), when the plan keeps the host's state.  Its unit file
+        is written by the render stage; when systemd has not loaded it as written (new, or changed), it is reloaded
+        and the keeper (re)started, also when the server itself is not restarted (a keeper update reaches a live
+        release); a keeper that is not running is started.
+    type: str
   deploy_root:
     description:
       - The deploy root.  With it, every other unit of this root still installed (host_io.deployer_units; a unit
@@ -191,7 +198,7 @@ def main():
                                          secrets_dir=dict(type="path"),
                                          secrets_env_file=dict(type="str", default="server.env"),
                                          secrets=dict(type="dict", no_log=True),
-                                         deploy_root=dict(type="path")),
+                                         deploy_root=dict(type="path"), keeper=dict(type="str")),
                       supports_check_mode=True)
     p = m.params
     retire = [n for n in deployer_units(p["deploy_root"]) if n != p["service"]] if p["deploy_root"] else []
@@ -251,6 +258,14 @@ def main():
         m.run_command(["systemctl", "reset-failed", p["service"]], check_rc=True)
     if enable:
         m.run_command(["systemctl", "enable", p["service"]], check_rc=True)
+    if p["keeper"] and not m.check_mode and os.path.exists(os.path.join(UNIT_DIR, p["keeper"] + ".service")):
+        kp = systemd_show(p["keeper"], ["LoadState", "NeedDaemonReload", "ActiveState"], m.run_command)
+        stale = kp.get("LoadState") != "loaded" or kp.get("NeedDaemonReload") == "yes"
+        if stale:
+            m.run_command(["systemctl", "daemon-reload"], check_rc=True)
+        if stale or kp.get("ActiveState") not in ("active", "activating"):
+            m.run_command(["systemctl", "restart", p["keeper"]], check_rc=True)
+            res["keeper_started"] = True
     m.exit_json(**res)
 
 
