@@ -8,6 +8,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -38,7 +39,7 @@ def backend_server(name):
             pass
 
         def do_GET(self):
-            if self.path == "/slow":
+            if self.path == "/v1/slow":     # a long request under /v1: the balancer forwards only /v1 and /health
                 RELEASE.wait(60)
             body = name.encode()
             self.send_response(200)
@@ -107,12 +108,19 @@ def get(port, path="/"):
 
 def test_drain_waits_for_in_flight_requests_refuses_the_last_server_and_puts_it_back(haproxy):
     port, sock = haproxy
+    # the balancer forwards what a client needs and refuses the rest at its front (issue 53 N1: vLLM's /invocations
+    # and /pause answer without the key); /health and /v1 reach a backend
+    for path in ("/invocations", "/pause", "/tokenize", "/metrics", "/v1x"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(port, path)
+        assert e.value.code == 403, path
+    assert get(port, "/health")[0] in ("s1", "s2") and get(port, "/v1/models")[0] in ("s1", "s2")
     # find a slow request's server, then drain exactly that one while the request is in flight. The request is
     # held by the backend until the server shows DRAIN in HAProxy plus 1.5 s, so the module must have waited for it
     # however slowly ansible starts on a loaded machine (a fixed sleep here once lost that race in CI).
     RELEASE.clear()
     slow = {}
-    t = threading.Thread(target=lambda: slow.update(zip(("by", "body"), get(port, "/slow"), strict=True)))
+    t = threading.Thread(target=lambda: slow.update(zip(("by", "body"), get(port, "/v1/slow"), strict=True)))
     t.start()
     busy = []
     for _ in range(100):
@@ -139,7 +147,7 @@ def test_drain_waits_for_in_flight_requests_refuses_the_last_server_and_puts_it_
     assert res["in_flight_left"] == 0 and res["waited_seconds"] >= 1.0, out   # it waited for the request
     assert slow["by"] == busy[0] and slow["body"] == busy[0]                  # which finished, on that server
     # new requests go only to the ready server
-    assert {get(port)[0] for _ in range(10)} == {other}
+    assert {get(port, "/v1/models")[0] for _ in range(10)} == {other}
     # the last ready server is not taken away
     res, out = module(sock, server=other, state="drain")
     assert res["failed"] and "would leave no server ready in backend llm" in res["msg"], out
@@ -148,7 +156,7 @@ def test_drain_waits_for_in_flight_requests_refuses_the_last_server_and_puts_it_
     res, _ = module(sock, server=busy[0], state="ready")
     assert res["changed"] and res["after"] == "ready"
     assert module(sock, server=busy[0], state="ready")[0]["changed"] is False
-    assert {get(port)[0] for _ in range(20)} == {"s1", "s2"}
+    assert {get(port, "/v1/models")[0] for _ in range(20)} == {"s1", "s2"}
     res, out = module(sock, server="nope", state="drain")
     assert res["failed"] and "server 'nope' not in backend 'llm' (servers: s1, s2)" in res["msg"], out
 

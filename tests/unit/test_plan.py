@@ -105,7 +105,11 @@ def _live(**over):
         "drafter_complete": True, "drafter_changed": [], "live_edited": [], "live_env_sha256": "e",
         "live_unit_sha256": "u", "health": 200,
         "files_sha256": {p["unit"]["line_splitter"]: identity.line_splitter_sha256(),
-                         p["secrets"]["dropin_path"]: hashlib.sha256(p["secrets"]["dropin"].encode()).hexdigest()},
+                         p["secrets"]["dropin_path"]: hashlib.sha256(p["secrets"]["dropin"].encode()).hexdigest(),
+                         # the host's state keeper: its files as shipped, its unit as rendered ("k")
+                         **{h: hashlib.sha256(open(src, "rb").read()).hexdigest()
+                            for h, src in p["state_keeper"]["files"].items()},
+                         p["state_keeper"]["unit_path"]: "k"},
         "secrets_current": True,
         "unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "no"}}}
     for k, v in over.items():
@@ -116,8 +120,12 @@ def _live(**over):
 def test_noop_when_everything_matches():
     p, st = _live()
     exp = noop.expected_release(p, st)
-    got = noop.noop_check(exp, st, p, "u", "e")
+    got = noop.noop_check(exp, st, p, "u", "e", "k")
     assert got["noop"] and got["reasons"] == [] and got["fingerprint"] == "fp1" and got["patches"] == ["P1"]
+    # a keeper that differs (a newer deployer's) is shipped by the full path: same release, nothing restarted
+    got = noop.noop_check(exp, st, p, "u", "e", "k2")
+    assert not got["noop"] and got["reasons"] == ["the host's state keeper is missing or differs: "
+                                                  "/etc/systemd/system/deployer-state.service"]
 
 
 @pytest.mark.parametrize("over,unit,env,reason", [
@@ -161,7 +169,7 @@ def test_a_changed_patch_fingerprint_is_a_different_release():
 def test_an_edited_env_file_or_unit_is_named_once_not_twice():
     """The unit and env file are compared with the plan; the release's own record must not name them again."""
     p, st = _live(live_edited=["vllm.env"])
-    got = noop.noop_check(noop.expected_release(p, st), st, p, "u", "e")
+    got = noop.noop_check(noop.expected_release(p, st), st, p, "u", "e", "k")
     assert got["noop"] and got["reasons"] == []
 
 

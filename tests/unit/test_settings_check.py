@@ -38,6 +38,8 @@ def test_every_documented_setting_and_playbook_switch_is_known():
     assert "deployer_api_key" in in_docs and "balancer_drain_wait_seconds" in in_docs, sorted(in_docs)
     from deployer.host.module_utils import root_causes
     in_docs -= {kind for kind, _rx in root_causes.FATAL}   # failure kinds the docs name (drafter_shape)
+    from deployer.host.module_utils import host_state
+    in_docs -= set(host_state.METRICS)                       # the state keeper's metrics (docs/monitoring.md)
     assert not unknown(in_docs)
     _names, _prefixes, documented = known()
     assert set(documented) <= specs            # what a did-you-mean suggests is a real, specified setting

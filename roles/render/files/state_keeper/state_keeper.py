@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansible.module_utils import host_state  # noqa: E402
 from ansible.module_utils.host_io import http_get, systemd_show  # noqa: E402
 from ansible.module_utils.journal_follow import Follow, load_watch, read_journal  # noqa: E402
+from ansible.module_utils.load_rules import RULESETS  # noqa: E402
+
+DEFAULT_RULES = "vllm"    # LoadState's own default: a release recorded before its manifest named its log rules
 
 PROPS = ["ActiveState", "SubState", "MainPID", "ActiveEnterTimestampMonotonic", "InvocationID", "ExecMainStatus",
          "NRestarts"]
@@ -78,8 +81,9 @@ def unit_of(root, service):
     """The engine's log rules and eager flag, from the live release (the unit the keeper follows)."""
     m = read_json(os.path.join(root, "current", "release.json")) or {}
     argv = m.get("argv") or []
-    engine = "sglang" if m.get("backend") == "sglang" else "vllm"
-    return m, engine, "--enforce-eager" in argv
+    # the engine's log rules, as the release recorded them (one recorded before they were: vLLM's, the default)
+    rules = m.get("log_rules") if m.get("log_rules") in RULESETS else DEFAULT_RULES
+    return m, rules, "--enforce-eager" in argv
 
 
 def main(argv=None):
