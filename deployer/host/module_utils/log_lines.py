@@ -33,8 +33,18 @@ _SECRET_SETTING = re.compile(SECRET_SETTING, re.I)
 NOT_SECRET = ("None", "null", "''", '""')
 
 
+# Words one of which every match holds: a line with none (nearly every line) is not searched at all
+HINTS = ("key", "token", "passw", "secret", "bearer", "authorization", "basic")
+
+
 def redact(text):
     """``text`` with the value of every secret setting in it replaced by ``<redacted>`` (None stays None)."""
+    if text is None:
+        return None
+    low = text.lower()
+    if not any(h in low for h in HINTS):
+        return text
+
     def sub(m):
         if m.group(7) is not None:
             return m.group(7) + "<redacted>"
