@@ -286,7 +286,7 @@ def table(rows: list[dict], commit: str, today: str = "") -> str:
            "**sm_120 kernels** whether the Kimi kernel libraries (`_moe_C`, `_C`, FA2) carry sm_120 machine code or "
            "only PTX, which the driver compiles at load, and the driver that PTX needs (`deployer/driver_floor.py`; "
            "measured for the wheels in this machine's cache: `--kernels-only`); "
-           "**torch** its pin (the lent GPU "
+           "**torch** its pin (the GPU machine "
            "machine has torch 2.11); **installs** whether uv resolves the release with its pinned dependencies "
            "against the package index this bench used, for a Debian 12 host (Python 3.11), or why not (the install "
            "stage would fail the same way on a host using that index).\n",

@@ -117,7 +117,7 @@ case "${1:-}" in
   test)
     apt_deps; py_deps; prepare_vllm 0.16.0; prepare_vllm 0.18.0; prepare_vllm 0.33.0; prepare_sglang 0.5.23; prepare_real_engine; prepare_plain_ansible; precompile_uv_cache
     # three workers: test modules run side by side, each on its own sandbox slot (tests/conftest.py); most of a
-    # sandbox test waits on loads and SSH, so three fit two cores (four were slower: session 18, 1640 s against
+    # sandbox test waits on loads and SSH, so three fit two cores (four were slower: 1640 s against
     # 1552 s, every module longer on the shared cores); --durations says where the time goes;
     # --no-loadscope-reorder: modules in tests/conftest.py's HEAVY_FIRST order, not by their number of tests
     export DEPLOYER_TEST_STRICT=1          # tests/helpers.py: what this set-up prepares must be there, never skipped

@@ -7,7 +7,7 @@ The sandbox's hosts install their engines with ``uv pip install --offline --comp
 copy of this machine's uv cache (deployer/sandbox/hosts.py).  uv links every file of a cached wheel, bytecode
 included, and its compile step leaves a file alone whose bytecode is current (it compiles with force=False for
 timestamp-checked bytecode), so a sandbox install then costs ~4 CPU-s instead of ~42 on a 2-core machine
-(docs/benchmarks.md, session 16).  What the deployer runs on a host is unchanged - the same command on the same
+(docs/benchmarks.md).  What the deployer runs on a host is unchanged - the same command on the same
 files; only the sandbox's pre-seeded cache holds bytecode that a real host's cache does not (a real host compiles
 it during the install, as before).  A wheel's ``.data`` tree is left alone: uv refuses a ``__pycache__`` among a
 wheel's scripts.  Idempotent: a stamp named after the archive's entries skips the walk when nothing was added.

@@ -34,7 +34,7 @@ def pytest_configure(config):
 # number of tests, so the unit modules' hundreds of parametrised cases went first and this order was ignored).
 # First the two modules whose cold deploys are their point (one makes the run's seed, sandbox_helpers.SEED) and,
 # beside them, the two that need no sandbox, so no seeded module starts before a seed exists; then the rest by
-# their summed --durations in the last full run (session 13, cold caches: faults_load 1366, releases 1003,
+# their summed --durations in a full run (cold caches: faults_load 1366, releases 1003,
 # controller_killed 839, sglang 802, faults_smoke 625, fleet 566, many_hosts 447, watch 396, reboot 313,
 # engine_versions 226, become 143 s); modules not listed follow.
 HEAVY_FIRST = ("test_real_engine.py", "test_real_host.py", "test_sandbox.py", "test_real_venv.py", "test_lint.py",

@@ -8,7 +8,7 @@ journald would receive: every byte the wrapper wrote with the time it arrived, t
 completions, the chat's body).  ``bench/real_engine/replay.py`` feeds a recording through the deployer's watcher;
 the checked-in recordings are test fixtures (``tests/fixtures/real-gpu/``) and ``docs/real-engine.md`` has the table.
 
-Needs a GPU machine with vLLM importable (its Python is ``sys.executable``).  On this project's lent H200:
+Needs a GPU machine with vLLM importable (its Python is ``sys.executable``).  On an H200 machine (torch 2.11, CUDA 13):
 ``bench/real_engine/run_on_device.sh`` (installs the carried wheels, makes the models, runs the scenarios).
 
     python bench/real_engine/harness.py --models /root/m --out /root/runs cold warm mt_prefetch sigkill gpu_busy

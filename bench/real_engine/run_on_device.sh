@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The real-engine bench on this project's lent GPU machine (the tool library's `device`; one H200, Python 3.12,
-# torch 2.11 / CUDA 13, no network).  vLLM (0.20.0, 0.25.1) and the wheels that machine lacks travel in parts under .gpu/
-# (64 MiB a call): `stash` keeps a part on the machine; the last call assembles, installs, runs, packs $OUT/runs.tgz.
+# The real-engine bench on a GPU machine reached one command at a time (one H200, Python 3.12, torch 2.11 / CUDA 13,
+# no network).  vLLM (0.20.0, 0.25.1) and the wheels that machine lacks travel in parts under .gpu/ (64 MiB a call): `stash` keeps a part on the machine; the last call assembles, installs, runs, packs $OUT/runs.tgz.
 #   bash bench/real_engine/run_on_device.sh stash
 #   bash bench/real_engine/run_on_device.sh cold warm mt_prefetch sigkill gpu_busy
 set -euo pipefail

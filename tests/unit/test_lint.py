@@ -55,7 +55,7 @@ def _project_names_used(path):
 
 def test_every_project_name_a_module_uses_exists():
     # ruff sees undefined local names, not a name read off another module: moving is_balancer and STANDIN_PATH out
-    # of sandbox/hosts.py (session 19's split) left two sandbox test helpers reading them there - found only by the
+    # of sandbox/hosts.py (when it was split) left two sandbox test helpers reading them there - found only by the
     # 25-minute suite.  This finds it in a second, for the tests, benchmarks and scripts the unit tests never run.
     import importlib
     missing = []

@@ -144,7 +144,7 @@ def test_a_worker_killed_while_serving_is_a_silent_death_not_the_engines_words()
 
 
 # ------------------------------------------------------------------ vLLM 0.25.1 on the same H200 (2026-12-01)
-# the newest release built for the lent machine's torch 2.11 (bench/real_engine/run_on_device.sh; FlashInfer is
+# the newest release built for that machine's torch 2.11 (bench/real_engine/run_on_device.sh; FlashInfer is
 # not carried there, so its sampler was off: VLLM_USE_FLASHINFER_SAMPLER=0)
 RUNS_025 = ROOT / "tests" / "fixtures" / "real-gpu" / "vllm-0.25.1-h200-bench"
 

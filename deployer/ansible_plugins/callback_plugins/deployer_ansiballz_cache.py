@@ -10,7 +10,7 @@ description:
   - ansible-core builds each module's payload (the module and every module_utils file it imports, found by
     compiling their syntax trees) once per run, in the run's own temporary directory, so every
     C(ansible-playbook) run pays it again for every module it uses (~2.8 CPU seconds of a changed deploy's ~13.5
-    on the controller, docs/benchmarks.md session 14).
+    on the controller, docs/benchmarks.md).
   - This callback points that per-run directory's C(ansiballz_cache) at a persistent one whose name is a hash
     of everything a payload is built from - the ansible-core release and every file of its package, every
     configured module and module_utils path, the collections paths, the Python version; so a changed file

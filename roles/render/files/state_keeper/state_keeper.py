@@ -11,6 +11,7 @@ with the system Python, ``-I``.  Usage: state_keeper.py --root R --service S --p
 import argparse
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -58,12 +59,29 @@ def last_line(path, tail=65536):
 
 
 def write(path, text, mode=0o644):
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
+    """``text`` to ``path`` by a new temporary file (a random name, O_EXCL: never one another user planted, or a hard
+    link to another file) and a rename."""
+    import tempfile
+    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(path))
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.rename(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def roots_own(folder):
+    """Whether ``folder`` is a real directory of root's that no one else may write (root never writes where another
+    user could plant a file: docs/security.md rule 1); the textfile directory is the operator's setting."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
 
 
 def code_stamp(folder):
@@ -127,7 +145,7 @@ def main(argv=None):
             write(os.path.join(RUN_DIR, "state.json"), json.dumps(state, sort_keys=True) + "\n")
         except OSError as e:
             sys.stderr.write("state.json: %s\n" % e)
-        if args.textfile_dir and os.path.isdir(args.textfile_dir):
+        if args.textfile_dir and roots_own(args.textfile_dir):
             try:
                 write(os.path.join(args.textfile_dir, "deployer.prom"), host_state.prom_text(state))
             except OSError as e:
