@@ -86,6 +86,9 @@ def keeper_line(k) -> str:
         parts.append(f"STALLED ({ld.get('seconds_since_progress')} s without progress)")
     if dp.get("in_progress"):
         parts.append(f"deploy in progress: {dp.get('command')} by {dp.get('user') or '?'}")
+    age = k.get("age_seconds")
+    if isinstance(age, (int, float)) and age > 30:       # the keeper writes every 2 s: said first, never cut off
+        parts.insert(0, f"STALE, {age:.0f} s old (is deployer-state running?)")
     if ld.get("fatal"):
         parts.append(f"last fatal: {ld['fatal']}")
     return "; ".join(parts)[:118]

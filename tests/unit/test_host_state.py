@@ -124,3 +124,15 @@ def test_the_state_holds_no_secret():
     st = state(deploy=host_state.deploy(holder, 1000.0))
     text = json.dumps(st) + host_state.prom_text(st)
     assert "S3CRET" not in text and '"token"' not in text and "api_key" not in text.lower()
+
+
+def test_status_prints_a_load_or_a_deploy_in_progress_in_one_line_and_says_when_the_state_is_old():
+    from deployer.cli.views import keeper_line
+    st = state()
+    line = keeper_line(dict(st, age_seconds=1.0))
+    assert line == "load: loading weights 50%; 60 s in; ETA 3m45s; budget 1800 s; deploy in progress: up by ?", line
+    assert keeper_line(dict(st, age_seconds=95.0)).startswith("STALE, 95 s old (is deployer-state running?); load: ")
+    assert len(keeper_line(dict(st, age_seconds=95.0))) <= 118
+    ready = host_state.load(snap(LOADING), props(), 200, WATCH, 160.0, 1000.0)
+    assert keeper_line(dict(st, load=dict(ready, phase="ready"), deploy={"in_progress": False})) == ""
+    assert keeper_line(None) == ""

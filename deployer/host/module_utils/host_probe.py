@@ -130,9 +130,16 @@ def _keeper_state():
     try:
         with open(KEEPER_STATE) as f:
             got = json.loads(f.read(1 << 20))
-        return got if isinstance(got, dict) else None
     except (OSError, ValueError):
         return None
+    if not isinstance(got, dict):
+        return None
+    import time
+    try:    # on the host's own clock: how old what the keeper wrote is (a keeper that stopped writes nothing new)
+        got["age_seconds"] = round(time.time() - float(got.get("updated_at")), 1)
+    except (TypeError, ValueError):
+        got["age_seconds"] = None
+    return got
 
 
 def probe(root, service, venv, drafter_dir, port, live=False, files=None, host="127.0.0.1", patchable=True):
