@@ -186,6 +186,21 @@ def _set_crontab(lines: list[str]) -> None:
     subprocess.run([tools.system("crontab"), "-"], input="\n".join(lines) + "\n", text=True, check=True)
 
 
+def _not_ours_alone(path, me: int) -> str:
+    """Why another local user could change ``path`` itself (owned by another user, or group/other-writable without
+    the sticky bit), "" when not; a path that cannot be read is left to the caller's next one."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return ""
+    if st.st_uid not in (0, me):
+        return f"{path} belongs to uid {st.st_uid}"
+    sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & 0o022 and not sticky_dir and not stat.S_ISLNK(st.st_mode):
+        return f"{path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
+
+
 def writable_by_another(path: str) -> str:
     """Why another local user could change what ``path`` names (it or a directory above it owned by another user,
     or group/other-writable without the sticky bit), or "" when only root and this user can.  A schedule runs
@@ -197,15 +212,9 @@ def writable_by_another(path: str) -> str:
             if part in seen:
                 continue
             seen.add(part)
-            try:
-                st = os.lstat(part)
-            except OSError:
-                continue
-            if st.st_uid not in (0, me):
-                return f"{part} belongs to uid {st.st_uid}"
-            sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
-            if st.st_mode & 0o022 and not sticky_dir and not stat.S_ISLNK(st.st_mode):
-                return f"{part} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+            why = _not_ours_alone(part, me)
+            if why:
+                return why
     return ""
 
 
@@ -221,16 +230,9 @@ def writable_in_tree(path: str, limit: int = 200000) -> str:
             n += 1
             if n > limit:
                 return f"{path} holds more than {limit} files: not checked whole"
-            p = os.path.join(top, name)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            if st.st_uid not in (0, me):
-                return f"{p} belongs to uid {st.st_uid}"
-            sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
-            if st.st_mode & 0o022 and not sticky_dir and not stat.S_ISLNK(st.st_mode):
-                return f"{p} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+            why = _not_ours_alone(os.path.join(top, name), me)
+            if why:
+                return why
     return ""
 
 

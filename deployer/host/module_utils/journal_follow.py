@@ -13,10 +13,12 @@ import stat
 
 try:
     from ansible.module_utils.engine_logs import LoadState  # on the host
+    from ansible.module_utils.host_io import write_atomic
     from ansible.module_utils.log_lines import LINE_CHARS, journal_entry
     from ansible.module_utils.root_causes import RootCause
 except ImportError:
     from deployer.host.module_utils.engine_logs import LoadState  # on the controller (tests)
+    from deployer.host.module_utils.host_io import write_atomic
     from deployer.host.module_utils.log_lines import LINE_CHARS, journal_entry
     from deployer.host.module_utils.root_causes import RootCause
 
@@ -92,17 +94,10 @@ def save_follow(service, invocation, follow):
                 os.unlink(os.path.join(STATE_DIR, name))
             except OSError:
                 pass
-    tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(follow, f)
-        os.rename(tmp, path)
+        write_atomic(path, pickle.dumps(follow), 0o600)
     except Exception:   # not kept: the next call reads this start from its first line again (slower, still right)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def read_journal(run_command, service, invocation, cursor, max_bytes):
@@ -136,18 +131,10 @@ def save_watch(service, watch):
     host's state keeper: it knows no settings, and keeps judging the load if the controller is gone."""
     if not _private_dir():
         return
-    path = os.path.join(STATE_DIR, "%s.watch.json" % service)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(watch, f)
-        os.rename(tmp, path)
+        write_atomic(os.path.join(STATE_DIR, "%s.watch.json" % service), json.dumps(watch), 0o600)
     except (OSError, TypeError, ValueError):
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def load_watch(service):

@@ -19,7 +19,7 @@ import time
 # -I leaves this folder off sys.path: it is root's and named by its content, so it goes first, explicitly
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansible.module_utils import host_state  # noqa: E402
-from ansible.module_utils.host_io import http_get, systemd_show  # noqa: E402
+from ansible.module_utils.host_io import http_get, systemd_show, write_atomic  # noqa: E402
 from ansible.module_utils.journal_follow import Follow, load_watch, read_journal  # noqa: E402
 from ansible.module_utils.load_rules import RULESETS  # noqa: E402
 
@@ -56,22 +56,6 @@ def last_line(path, tail=65536):
         return json.loads(lines[-1]) if lines else None
     except (OSError, ValueError, IndexError):
         return None
-
-
-def write(path, text, mode=0o644):
-    """``text`` to ``path`` by a new temporary file (a random name, O_EXCL: never one another user planted, or a hard
-    link to another file) and a rename."""
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=".deployer-", dir=os.path.dirname(path))
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def roots_own(folder):
@@ -142,12 +126,12 @@ def main(argv=None):
         }
         state["release"] = dict(rel, phase_seconds=None) if rel else None
         try:
-            write(os.path.join(RUN_DIR, "state.json"), json.dumps(state, sort_keys=True) + "\n")
+            write_atomic(os.path.join(RUN_DIR, "state.json"), json.dumps(state, sort_keys=True) + "\n", 0o644)
         except OSError as e:
             sys.stderr.write("state.json: %s\n" % e)
         if args.textfile_dir and roots_own(args.textfile_dir):
             try:
-                write(os.path.join(args.textfile_dir, "deployer.prom"), host_state.prom_text(state))
+                write_atomic(os.path.join(args.textfile_dir, "deployer.prom"), host_state.prom_text(state), 0o644)
             except OSError as e:
                 sys.stderr.write("deployer.prom: %s\n" % e)
         if args.once:
