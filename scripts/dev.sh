@@ -71,6 +71,28 @@ prepare_engine() {
     "$VENV/bin/uv" pip install -q -p "$d/bin/python" "$pkg==$v"
     echo "$v" > "$d/.deployer-installed"
   fi
+  offline_complete "$pkg==$v"
+}
+# A sandbox host installs offline and uv picks the newest version that the cache's index data names, not the one the
+# prepared venv holds: any later install here that refreshes a shared dependency's index data (this project's own
+# `.[test]` names typer, as vLLM does) makes a host pick a wheel the cache may lack.  So each set-up asks uv what an
+# offline install would pick now (0.1 s); when that differs from what was last proven, it installs the release once
+# offline into a scratch venv (hard links) and, where a wheel is missing, once from the index, and keeps the picks.
+offline_complete() {   # offline_complete REQUIREMENT [uv options...]
+  local req=$1; shift
+  local proven=$CACHE/offline-picks/$(printf '%s ' "$req" "$@" | sha256sum | cut -c1-16) picks t=$CACHE/scratch-venv
+  picks=$(printf '%s\n' "$req" | "$VENV/bin/uv" pip compile -q --offline --no-header --no-annotate -p "$PY" "$@" - \
+          2>/dev/null) || picks=""
+  if [ -n "$picks" ] && [ -f "$proven" ] && [ "$picks" = "$(cat "$proven")" ]; then return 0; fi
+  rm -rf "$t"
+  "$VENV/bin/uv" venv -q -p "$PY" "$t"
+  if ! UV_LINK_MODE=hardlink "$VENV/bin/uv" pip install -q --offline --no-build -p "$t/bin/python" "$@" "$req" 2>/dev/null; then
+    echo "setup: the cache lacks a wheel a host would pick for $req: fetching it"
+    UV_LINK_MODE=hardlink "$VENV/bin/uv" pip install -q --no-build -p "$t/bin/python" "$@" "$req"
+  fi
+  rm -rf "$t"
+  mkdir -p "$(dirname "$proven")"
+  printf '%s\n' "$req" | "$VENV/bin/uv" pip compile -q --offline --no-header --no-annotate -p "$PY" "$@" - > "$proven"
 }
 prepare_vllm() { prepare_engine vllm "${1:-0.16.0}"; }
 # The real-engine sandbox's vLLM (its CPU build, ~6 GB): the pin and its overrides from deployer/sandbox/real_engine.py
@@ -86,6 +108,7 @@ prepare_real_engine() {
     "$VENV/bin/uv" pip install -q -p "$d/bin/python" --override "$d/.overrides.txt" "$pkg==$v"
     echo "$v" > "$d/.deployer-installed"
   fi
+  offline_complete "$pkg==$v" --override "$d/.overrides.txt"
 }
 # Bytecode for the cached wheels, once (scripts/precompile_uv_cache.py says why: a sandbox install ~42 -> ~4 CPU-s)
 precompile_uv_cache() { "$PY" scripts/precompile_uv_cache.py "$UV_CACHE_DIR" "$CACHE"; }
