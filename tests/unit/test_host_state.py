@@ -44,6 +44,12 @@ def test_a_load_in_its_weights_phase_with_the_deploys_budget_and_an_eta():
     other = dict(WATCH, invocation="f" * 32)
     ld = host_state.load(snap(LOADING), props(), None, other, 160.0, 1000.0, {"weights": 100})
     assert ld["budget_seconds"] is None and ld["eta_seconds"] == 90 and not ld["stalled"]
+    # ... but while a deploy holds the host's lock, the load's budget until the watch's first look is what is left of
+    # the lock (since 900, for 10800 s; the unit started at 940): the rule's planned load, not an engine down
+    holding = host_state.deploy({"since": 900, "ttl_seconds": 10800, "command": "up"}, 1000.0)
+    ld = host_state.load(snap(LOADING), props(), None, other, 160.0, 1000.0, {"weights": 100}, holding)
+    assert ld["budget_seconds"] == 10760 and ld["started_at"] == 940.0
+    assert host_state.load(snap(LOADING), props(), None, WATCH, 160.0, 1000.0, None, holding)["budget_seconds"] == 1800
 
 
 def test_ready_failed_and_stopped():

@@ -20,11 +20,12 @@ ALL_PHASES = PHASES + ("failed", "stopped")
 FATAL_CHARS = 300
 
 
-def load(snap, props, health, watch, now_mono, now_wall, recorded_phases=None):
+def load(snap, props, health, watch, now_mono, now_wall, recorded_phases=None, deploy=None):
     """The load as the keeper sees it: ``snap`` (LoadState.snapshot of this start's lines), ``props`` (systemctl
     show), ``health`` (/health's status, None: nothing listens), ``watch`` (what the deploy's watch judges it by,
     journal_follow.load_watch; {} when no watch ran for this start), ``recorded_phases`` (the live release's phase
-    seconds: the ETA when no watch said)."""
+    seconds: the ETA when no watch said), ``deploy`` (what deploy() says of the lock: until the deploy's watch
+    first looks at this start, the load's budget is what is left of the deploy's lock)."""
     active = props.get("ActiveState")
     started_mono = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
     running = active in ("active", "activating", "reloading") and props.get("MainPID") not in ("0", None, "")
@@ -44,12 +45,16 @@ def load(snap, props, health, watch, now_mono, now_wall, recorded_phases=None):
     since = snap.get("seconds_since_progress")
     loading = running and phase not in ("ready",)
     fatal = snap.get("fatal") or {}
+    started_at = round(now_wall - (now_mono - started_mono), 3) if running and started_mono else None
+    budget = mine.get("budget_seconds")
+    if budget is None and loading and started_at and (deploy or {}).get("in_progress") and deploy.get("until"):
+        budget = round(deploy["until"] - started_at, 1)
     return {
         "phase": phase,
         "progress_ratio": round(ratio, 4) if ratio is not None and loading else None,
         "eta_seconds": eta_seconds(snap["phase"], in_phase, previous) if loading else None,
-        "budget_seconds": mine.get("budget_seconds"),
-        "started_at": round(now_wall - (now_mono - started_mono), 3) if running and started_mono else None,
+        "budget_seconds": budget,
+        "started_at": started_at,
         "elapsed_seconds": round(now_mono - started_mono, 1) if running and started_mono else None,
         "stalled": bool(loading and limit and since is not None and since > limit),
         "seconds_since_progress": since if loading else None,
@@ -70,7 +75,8 @@ def deploy(holder, now_wall):
         since, ttl = 0.0, 0.0
     alive = not ttl or now_wall - since < ttl
     return {"in_progress": bool(alive), "command": str(holder.get("command") or "")[:40],
-            "since": since or None, "user": str(holder.get("user") or "")[:64]}
+            "since": since or None, "until": since + ttl if since and ttl else None,
+            "user": str(holder.get("user") or "")[:64]}
 
 
 def last_deploy(line):

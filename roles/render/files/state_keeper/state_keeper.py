@@ -116,11 +116,12 @@ def main(argv=None):
         health = http_get(args.port, "/health", args.host, connect_timeout=1.0, read_timeout=2.0,
                           limit=65536)[0] if running else None
         rel = host_state.release(manifest)
+        dep = host_state.deploy(read_json(os.path.join(args.root, ".lock", "holder.json")), now_wall)
         state = {
             "service": args.service, "updated_at": round(now_wall, 3), "invocation": inv,
             "load": host_state.load(follow.state.snapshot(now_mono), props, health, load_watch(args.service),
-                                    now_mono, now_wall, (rel or {}).get("phase_seconds")),
-            "deploy": host_state.deploy(read_json(os.path.join(args.root, ".lock", "holder.json")), now_wall),
+                                    now_mono, now_wall, (rel or {}).get("phase_seconds"), dep),
+            "deploy": dep,
             "last_deploy": host_state.last_deploy(last_line(os.path.join(args.root, "audit.jsonl"))),
             "release": rel,
         }

@@ -1,0 +1,73 @@
+"""deployer monitoring: the Prometheus configuration and alert rules for the inventory's GPU hosts
+(deployer/monitoring.py renders them; docs/monitoring.md says what they watch)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from deployer import monitoring as mon
+from deployer.cli.targets import Host, Inventory, Key, Port, Sandbox, Target, User, die
+from deployer.events import Exit
+from deployer.output import lit, out
+
+DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "deployer" / "defaults" / "main.yml"
+
+
+def _plain(value) -> str:
+    """A plain str of Ansible's own (tagged) strings, which a YAML writer cannot represent."""
+    return str(value).encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
+
+
+def inventory_hosts(path: str) -> list[mon.Host]:
+    """The playbooks' GPU hosts as the inventory names them: address, engine port (its default from the role's
+    defaults), group.  Ansible's own inventory reader, group_vars and host_vars included."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[path])
+    vm = VariableManager(loader=loader, inventory=inv)
+    default_port = yaml.safe_load(DEFAULTS.read_text())["deployer_port"]
+    hosts = []
+    for h in inv.get_hosts(mon.TARGET_GROUP):
+        v = vm.get_vars(host=h)
+        port = v.get("deployer_port", default_port)
+        try:
+            port = int(port) if not isinstance(port, bool) and str(port).strip().isdigit() else port
+        except ValueError:
+            pass
+        hosts.append(mon.Host(_plain(h.name), _plain(v.get("ansible_host") or h.name), port,
+                              mon.group_of([_plain(g.name) for g in h.get_groups()])))
+    return hosts
+
+
+def monitoring(out_dir: Annotated[Path, typer.Option("--out", help="Directory for prometheus.yml and the rules.")],
+               host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
+               inventory: Inventory = None, sandbox: Sandbox = False,
+               scrape_interval_seconds: Annotated[int, typer.Option(
+                   "--scrape-interval-seconds", min=1, max=3600, help="How often Prometheus scrapes and evaluates."
+               )] = 15) -> None:
+    """Write a Prometheus configuration that scrapes the GPU hosts' node_exporter (the deployer's state) and their
+    engines' /metrics, and the deployer's alert rules beside it.  Nothing on a host changes."""
+    path = Target(host, port, user, key, inventory, sandbox).inventory_path()
+    try:
+        hosts = inventory_hosts(path)
+        if not hosts:
+            die(Exit.USAGE, f"{path}: no host in group {mon.TARGET_GROUP!r}")
+        files = mon.render(hosts, scrape_interval_seconds)
+    except mon.BadTarget as e:
+        die(Exit.USAGE, f"inventory: {e}")
+    if out_dir.exists() and not out_dir.is_dir():
+        die(Exit.USAGE, f"--out {out_dir}: exists and is not a directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        tmp = out_dir / f".{name}.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        tmp.replace(out_dir / name)
+    out.print(lit(f"wrote {out_dir / 'prometheus.yml'} ({len(hosts)} host(s), node_exporter :{mon.NODE_EXPORTER_PORT} "
+                  f"and the engines) and {out_dir / mon.RULES_NAME}"), highlight=False)

@@ -1,0 +1,93 @@
+"""What Prometheus needs to watch the inventory's GPU hosts (`deployer monitoring`): a scrape configuration naming
+each host's node_exporter (the state keeper's textfile, docs/monitoring.md) and each engine's own ``/metrics``, and
+the project's alert rules beside it.  Pure: the hosts come in as data (cli/monitoring_cmd.py reads the inventory),
+the files go out as text; nothing here touches a host."""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+RULES = Path(__file__).resolve().parent.parent / "templates" / "prometheus" / "deployer-alerts.yml"
+RULES_NAME = "deployer-alerts.yml"
+# The playbooks' hosts (playbooks/up.yml: deployer_target, default gpu) and groups that say nothing of a host's role
+TARGET_GROUP = "gpu"
+PLAIN_GROUPS = {"all", "ungrouped", TARGET_GROUP}
+NODE_EXPORTER_PORT = 9100          # Debian's prometheus-node-exporter listens here
+# a DNS name (RFC 1123 labels) or an IP address: what may stand in a target's host part
+_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+                   r"[A-Za-z0-9])?)*\.?")
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
+
+
+class BadTarget(ValueError):
+    """An inventory value that cannot be a Prometheus target; the message names the host and the value."""
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str          # the inventory's name
+    address: str       # ansible_host, or the name
+    port: int          # deployer_port: the engine's
+    group: str         # the release-drift alert's group label
+
+
+def target(address: str, port: int) -> str:
+    """``address:port`` as Prometheus' static_configs take it (an IPv6 address in brackets)."""
+    try:
+        ip = ipaddress.ip_address(address)
+        return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    except ValueError:
+        return f"{address}:{port}"
+
+
+def check(h: Host) -> None:
+    """Refuse what would not be one target: a value from the inventory is data, never YAML or a second target."""
+    try:
+        ipaddress.ip_address(h.address)
+    except ValueError:
+        if not _NAME.fullmatch(h.address):
+            raise BadTarget(f"{h.name}: address {h.address!r} is neither an IP address nor a DNS name") from None
+    if isinstance(h.port, bool) or not isinstance(h.port, int) or not 0 < h.port < 65536:
+        raise BadTarget(f"{h.name}: deployer_port {h.port!r}: expected a port number, 1 to 65535")
+    if not _LABEL.fullmatch(h.group):
+        raise BadTarget(f"{h.name}: group {h.group!r}: expected a label value of letters, digits, _ . -")
+
+
+def group_of(groups: list[str]) -> str:
+    """The group a host's release is compared within: its first group of its own, else the playbooks' group."""
+    own = sorted(g for g in groups if g not in PLAIN_GROUPS)
+    return own[0] if own else TARGET_GROUP
+
+
+def prometheus_config(hosts: list[Host], scrape_interval_seconds: int = 15,
+                      node_exporter_port: int = NODE_EXPORTER_PORT) -> dict:
+    """A whole Prometheus configuration: the rules file beside it, the hosts' node_exporters and the engines, each
+    target labelled with its group (an operator with a Prometheus of their own copies the two scrape jobs)."""
+    for h in hosts:
+        check(h)
+    by_group: dict[str, list[Host]] = {}
+    for h in sorted(hosts, key=lambda x: x.name):
+        by_group.setdefault(h.group, []).append(h)
+
+    def job(name, port_of):
+        return {"job_name": name, "static_configs": [
+            {"targets": [target(h.address, port_of(h)) for h in members], "labels": {"group": g}}
+            for g, members in sorted(by_group.items())]}
+    interval = f"{int(scrape_interval_seconds)}s"
+    return {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "rule_files": [RULES_NAME],
+            "scrape_configs": [job("deployer-hosts", lambda h: node_exporter_port),
+                               job("deployer-engines", lambda h: h.port)]}
+
+
+def render(hosts: list[Host], scrape_interval_seconds: int = 15,
+           node_exporter_port: int = NODE_EXPORTER_PORT) -> dict[str, str]:
+    """File name -> text: ``prometheus.yml`` and the alert rules."""
+    head = ("# Written by `deployer monitoring` from the inventory's GPU hosts (docs/monitoring.md).  The rules file\n"
+            "# is the project's templates/prometheus/deployer-alerts.yml.\n")
+    cfg = prometheus_config(hosts, scrape_interval_seconds, node_exporter_port)
+    return {"prometheus.yml": head + yaml.safe_dump(cfg, sort_keys=False), RULES_NAME: RULES.read_text()}
