@@ -71,28 +71,39 @@ prepare_engine() {
     "$VENV/bin/uv" pip install -q -p "$d/bin/python" "$pkg==$v"
     echo "$v" > "$d/.deployer-installed"
   fi
-  offline_complete "$pkg==$v"
+  offline_complete "$d" "$pkg==$v"
 }
-# A sandbox host installs offline and uv picks the newest version that the cache's index data names, not the one the
-# prepared venv holds: any later install here that refreshes a shared dependency's index data (this project's own
-# `.[test]` names typer, as vLLM does) makes a host pick a wheel the cache may lack.  So each set-up asks uv what an
-# offline install would pick now (0.1 s); when that differs from what was last proven, it installs the release once
-# offline into a scratch venv (hard links) and, where a wheel is missing, once from the index, and keeps the picks.
-offline_complete() {   # offline_complete REQUIREMENT [uv options...]
+# A sandbox host installs offline, from this cache's index data and only the wheels its prepared venv was installed
+# from (deployer/sandbox/image.py: cache_slice), and uv picks the newest version the index data names, not the one
+# the venv holds: any later install here that refreshes a shared dependency's index data (this project's own
+# `.[test]` names typer, as vLLM does) made every host pick a wheel it was not given.  So each set-up asks uv what an
+# offline install picks now (0.1 s) and, when the prepared venv holds anything else, syncs the venv to exactly that
+# (from the index where a wheel is missing), then proves the two agree.
+picks() {   # picks [--offline] REQUIREMENT [uv options...]: what an install of it picks, one name==version a line
+  local off=()
+  if [ "$1" = --offline ]; then off=(--offline); shift; fi
   local req=$1; shift
-  local proven=$CACHE/offline-picks/$(printf '%s ' "$req" "$@" | sha256sum | cut -c1-16) picks t=$CACHE/scratch-venv
-  picks=$(printf '%s\n' "$req" | "$VENV/bin/uv" pip compile -q --offline --no-header --no-annotate -p "$PY" "$@" - \
-          2>/dev/null) || picks=""
-  if [ -n "$picks" ] && [ -f "$proven" ] && [ "$picks" = "$(cat "$proven")" ]; then return 0; fi
-  rm -rf "$t"
-  "$VENV/bin/uv" venv -q -p "$PY" "$t"
-  if ! UV_LINK_MODE=hardlink "$VENV/bin/uv" pip install -q --offline --no-build -p "$t/bin/python" "$@" "$req" 2>/dev/null; then
-    echo "setup: the cache lacks a wheel a host would pick for $req: fetching it"
-    UV_LINK_MODE=hardlink "$VENV/bin/uv" pip install -q --no-build -p "$t/bin/python" "$@" "$req"
+  printf '%s\n' "$req" | "$VENV/bin/uv" pip compile -q "${off[@]}" --no-header --no-annotate -p "$PY" "$@" - \
+    2>/dev/null | normalized
+}
+normalized() { awk -F'==' 'NF == 2 { n = tolower($1); gsub(/[-_.]+/, "-", n); print n "==" $2 }' | sort; }
+offline_complete() {   # offline_complete VENV REQUIREMENT [uv options...]
+  local d=$1 req=$2; shift 2
+  local want have
+  want=$(picks --offline "$req" "$@") || want=""
+  have=$("$VENV/bin/uv" pip freeze -q -p "$d/bin/python" 2>/dev/null | normalized)
+  if [ -n "$want" ] && [ "$want" = "$have" ]; then return 0; fi
+  [ -n "$want" ] || want=$(picks "$req" "$@")       # the cache cannot resolve it offline: once from the index
+  echo "setup: a host's offline install of $req picks other versions than $d holds: syncing $d to them"
+  printf '%s\n' "$want" > "$d/.deployer-picks.txt"
+  UV_LINK_MODE=hardlink "$VENV/bin/uv" pip sync -q -p "$d/bin/python" "$d/.deployer-picks.txt"
+  want=$(picks --offline "$req" "$@") || want=""
+  have=$("$VENV/bin/uv" pip freeze -q -p "$d/bin/python" 2>/dev/null | normalized)
+  if [ -z "$want" ] || [ "$want" != "$have" ]; then
+    echo "setup: $d still differs from what a host's offline install of $req picks:" >&2
+    diff <(printf '%s\n' "$want") <(printf '%s\n' "$have") >&2 || true
+    exit 1
   fi
-  rm -rf "$t"
-  mkdir -p "$(dirname "$proven")"
-  printf '%s\n' "$req" | "$VENV/bin/uv" pip compile -q --offline --no-header --no-annotate -p "$PY" "$@" - > "$proven"
 }
 prepare_vllm() { prepare_engine vllm "${1:-0.16.0}"; }
 # The real-engine sandbox's vLLM (its CPU build, ~6 GB): the pin and its overrides from deployer/sandbox/real_engine.py
@@ -108,7 +119,7 @@ prepare_real_engine() {
     "$VENV/bin/uv" pip install -q -p "$d/bin/python" --override "$d/.overrides.txt" "$pkg==$v"
     echo "$v" > "$d/.deployer-installed"
   fi
-  offline_complete "$pkg==$v" --override "$d/.overrides.txt"
+  offline_complete "$d" "$pkg==$v" --override "$d/.overrides.txt"
 }
 # Bytecode for the cached wheels, once (scripts/precompile_uv_cache.py says why: a sandbox install ~42 -> ~4 CPU-s)
 precompile_uv_cache() { "$PY" scripts/precompile_uv_cache.py "$UV_CACHE_DIR" "$CACHE"; }

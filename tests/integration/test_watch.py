@@ -1,4 +1,5 @@
-"""Seeing the load: stall and crash detection, acceptance floor, ETA from the previous release."""
+"""Seeing the load: stall and crash detection, acceptance floor, ETA from the previous release; and what a real
+Prometheus, scraping the host as `deployer monitoring` says, sees of it and alerts on (prom_helpers.py)."""
 import json
 import re
 
@@ -18,6 +19,13 @@ def sandbox():
         yield sb
 
 
+@pytest.fixture(scope="module")
+def prom(sandbox, tmp_path_factory):
+    from prom_helpers import prometheus
+    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
 def test_second_deploy_shows_eta_and_json_phases():
     r = up("-e", "deployer_max_model_len=65536", "--json", *FAST)
     assert r.returncode == 0, r.stderr
@@ -33,8 +41,9 @@ def test_second_deploy_shows_eta_and_json_phases():
     assert "ETA " in r.stderr
 
 
-def test_stall_is_reported_by_the_stall_limit_not_the_budget(sandbox):
+def test_stall_is_reported_by_the_stall_limit_not_the_budget(sandbox, prom):
     live = sh(H, "readlink /opt/deployer/current")
+    t0 = __import__("time").time()
     sandbox.set_knobs(H, standin={"stall_phase": "compile", "only_if_arg": "0.957"})
     try:
         r = up("-e", "deployer_gpu_memory_utilization=0.957",
@@ -49,6 +58,10 @@ def test_stall_is_reported_by_the_stall_limit_not_the_budget(sandbox):
     assert m and 6 <= int(m.group(1)) < 60, err
     assert "budget" not in err.split("stalled:")[1].split(";")[0], err
     assert sh(H, "readlink /opt/deployer/current") == live
+    # Prometheus fired the stall's alert from the host's own metrics (the keeper judges by the watch's stall limits)
+    stalled = prom.firing("DeployerLoadStalled", t0, __import__("time").time())
+    assert stalled and stalled[0][1]["service"] == "deployer-engine", stalled
+    assert stalled[0][1]["instance"].endswith(":9100"), stalled
 
 
 def test_acceptance_below_floor_fails_the_smoke_test(sandbox):
@@ -70,7 +83,7 @@ def deployer_status():
     return deployer("status", "--sandbox").stdout
 
 
-def test_live_shard_and_graph_progress_through_real_journald(sandbox):
+def test_live_shard_and_graph_progress_through_real_journald(sandbox, prom):
     """vLLM's shard bar (a newline after every redraw) reaches the watch live through journald; so do its
     CUDA-graph bars, which redraw with \r only: the unit runs the engine under journal_lines.py, which makes each
     redraw a journal line (without it the graph phase showed no percentage until the bar closed).
@@ -90,7 +103,7 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox):
     deploy = subprocess.Popen([sys.executable, "-m", "deployer.cli", "up", "--sandbox", "-e",
                                "deployer_max_model_len=16384", "--json", *FAST], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    seen, status = "", ""
+    seen, status, t0 = "", "", time.time()
     try:
         deadline = time.time() + 300
         while deploy.poll() is None and time.time() < deadline:
@@ -119,6 +132,15 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox):
         after = subprocess.run(["curl", "-s", f"http://{ip}:9100/metrics"], capture_output=True, text=True).stdout
     assert 'deployer_last_deploy_success{service="deployer-engine"} 1' in after, after[-3000:]
     assert 'deployer_load_phase{phase="ready",service="deployer-engine"} 1' in after, after[-3000:]
+    # a real Prometheus saw the load move through its phases, and the planned load never fired DeployerEngineDown
+    # (not serving for the whole restart, but a deploy holding the lock, within its budget)
+    time.sleep(1.5)
+    phases = [lab["phase"] for _, lab, v in sorted(prom.samples("deployer_load_phase == 1", t0, time.time()),
+                                                   key=lambda x: x[0]) if v == 1]
+    order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
+    assert {"weights", "graphs"} <= set(order) and order[-1] == "ready", order
+    assert order.index("weights") < order.index("graphs") < len(order) - 1, order
+    assert prom.firing("DeployerEngineDown", t0, time.time()) == [], order
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     pcts = sorted({e["percent"] for e in events if e["event"] == "phase" and e["phase"] == "weights"
                    and e["percent"] is not None})
