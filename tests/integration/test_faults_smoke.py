@@ -36,6 +36,13 @@ def sandbox():
     yield from sandbox_hosts(1, package_cache=False)   # installs nothing: no package cache to link
 
 
+@pytest.fixture(scope="module")
+def prom(sandbox, tmp_path_factory):
+    from prom_helpers import prometheus
+    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
 def test_00_a_first_deploy_that_fails_leaves_the_server_stopped():
     knobs(crash_phase="kv_cache", load_seconds=3)
     try:
@@ -233,7 +240,7 @@ def test_speculative_disabled_serves_without_a_drafter():
                                      "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}'")
 
 
-def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rolled_back_when_asked():
+def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rolled_back_when_asked(prom):
     """The load passed; later the server dies while serving, again after every restart.  systemd restarts it
     (Restart=always: the real API server, as the stand-in, exits 0 when its engine dies); `status` counts the
     restarts, calls it a CRASH LOOP at deployer_crash_loop_restarts, shows vLLM's own last fatal line (the
@@ -244,16 +251,26 @@ def test_a_crash_loop_after_ready_is_named_by_status_with_its_fatal_line_and_rol
     assert up(*FAST).returncode == 0                                 # the default release live (a no-op if it is)
     live = sh(H, "basename $(readlink /opt/deployer/current)")
     # 12 s: long enough for the smoke test to finish first on a loaded machine (4 s failed it once: the server
-    # died under the smoke's metrics read), short enough for two restarts within the wait below
+    # died under the smoke's metrics read), short enough for three restarts within the wait below
     knobs(only_if_arg="0.9551", crash_after_ready_seconds=12)
     try:
         r = up("-e", "deployer_gpu_memory_utilization=0.9551", "-e", "deployer_restart_delay_seconds=1", *FAST)
         assert r.returncode == 0, r.stdout + r.stderr                 # smoke passed before the first crash
         looping = sh(H, "basename $(readlink /opt/deployer/current)")
         for _ in range(180):
-            if int(sh(H, f"systemctl show -p NRestarts --value {SVC}") or 0) >= 2:
+            if int(sh(H, f"systemctl show -p NRestarts --value {SVC}") or 0) >= 3:    # the alert rule's limit
                 break
             __import__("time").sleep(1)
+        # a real Prometheus, scraping the host's node_exporter, fires the crash loop's alert (the keeper counts
+        # systemd's restarts); its runbook names what to run
+        for _ in range(40):
+            alerts = [a for a in prom.get("/api/v1/alerts")["data"]["alerts"]
+                      if a["labels"]["alertname"] == "DeployerCrashLooping" and a["state"] == "firing"]
+            if alerts:
+                break
+            __import__("time").sleep(0.5)
+        assert alerts and "--rollback-if-crash-looping" in alerts[0]["annotations"]["runbook"], \
+            prom.get("/api/v1/alerts")
         loop = ("-e", "deployer_crash_loop_restarts=2")
         r = deployer("status", "--sandbox", "--json", *loop)
         st = json.loads(r.stdout)[H]
