@@ -1,7 +1,7 @@
 """What Prometheus needs to watch the inventory's GPU hosts (`deployer monitoring`): a scrape configuration naming
 each host's node_exporter (the state keeper's textfile, docs/monitoring.md) and each engine's own ``/metrics``, and
-the project's alert rules beside it.  Pure: the hosts come in as data (cli/monitoring_cmd.py reads the inventory),
-the files go out as text; nothing here touches a host."""
+the project's alert rules and Grafana dashboard beside it.  Pure: the hosts come in as data (cli/monitoring_cmd.py
+reads the inventory), the files go out as text; nothing here touches a host."""
 from __future__ import annotations
 
 import ipaddress
@@ -13,6 +13,7 @@ import yaml
 
 RULES = Path(__file__).resolve().parent.parent / "templates" / "prometheus" / "deployer-alerts.yml"
 RULES_NAME = "deployer-alerts.yml"
+DASHBOARD = RULES.parent.parent / "grafana" / "deployer-dashboard.json"
 # The playbooks' hosts (playbooks/up.yml: deployer_target, default gpu) and groups that say nothing of a host's role
 TARGET_GROUP = "gpu"
 PLAIN_GROUPS = {"all", "ungrouped", TARGET_GROUP}
@@ -86,8 +87,16 @@ def prometheus_config(hosts: list[Host], scrape_interval_seconds: int = 15,
 
 def render(hosts: list[Host], scrape_interval_seconds: int = 15,
            node_exporter_port: int = NODE_EXPORTER_PORT) -> dict[str, str]:
-    """File name -> text: ``prometheus.yml`` and the alert rules."""
+    """File name -> text: ``prometheus.yml``, the alert rules and the Grafana dashboard (import it; its
+    ``datasource`` variable picks the Prometheus)."""
     head = ("# Written by `deployer monitoring` from the inventory's GPU hosts (docs/monitoring.md).  The rules file\n"
             "# is the project's templates/prometheus/deployer-alerts.yml.\n")
     cfg = prometheus_config(hosts, scrape_interval_seconds, node_exporter_port)
-    return {"prometheus.yml": head + yaml.safe_dump(cfg, sort_keys=False), RULES_NAME: RULES.read_text()}
+    return {"prometheus.yml": head + yaml.safe_dump(cfg, sort_keys=False), RULES_NAME: RULES.read_text(),
+            DASHBOARD.name: DASHBOARD.read_text()}
+
+
+def dashboard_queries(dashboard: dict, host: str = ".*") -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query of the dashboard, its ``$host`` variable set to ``host``."""
+    return [(p["title"], t["expr"].replace("$host", host)) for p in dashboard["panels"] if p["type"] != "row"
+            for t in p["targets"]]

@@ -45,14 +45,15 @@ def inventory_hosts(path: str) -> list[mon.Host]:
     return hosts
 
 
-def monitoring(out_dir: Annotated[Path, typer.Option("--out", help="Directory for prometheus.yml and the rules.")],
+def monitoring(out_dir: Annotated[Path, typer.Option(
+                   "--out", help="Directory for prometheus.yml, the rules and the dashboard.")],
                host: Host = None, port: Port = 22, user: User = "root", key: Key = None,
                inventory: Inventory = None, sandbox: Sandbox = False,
                scrape_interval_seconds: Annotated[int, typer.Option(
                    "--scrape-interval-seconds", min=1, max=3600, help="How often Prometheus scrapes and evaluates."
                )] = 15) -> None:
     """Write a Prometheus configuration that scrapes the GPU hosts' node_exporter (the deployer's state) and their
-    engines' /metrics, and the deployer's alert rules beside it.  Nothing on a host changes."""
+    engines' /metrics, the deployer's alert rules and a Grafana dashboard beside it.  Nothing on a host changes."""
     path = Target(host, port, user, key, inventory, sandbox).inventory_path()
     try:
         hosts = inventory_hosts(path)
@@ -69,5 +70,5 @@ def monitoring(out_dir: Annotated[Path, typer.Option("--out", help="Directory fo
         tmp.write_text(text)
         tmp.chmod(0o644)
         tmp.replace(out_dir / name)
-    out.print(lit(f"wrote {out_dir / 'prometheus.yml'} ({len(hosts)} host(s), node_exporter :{mon.NODE_EXPORTER_PORT} "
-                  f"and the engines) and {out_dir / mon.RULES_NAME}"), highlight=False)
+    out.print(lit(f"wrote {out_dir}: prometheus.yml ({len(hosts)} host(s): node_exporter :{mon.NODE_EXPORTER_PORT} "
+                  f"and the engines), {mon.RULES_NAME}, {mon.DASHBOARD.name} (Grafana)"), highlight=False)

@@ -156,8 +156,9 @@ class Metrics(object):
         self.accept_length = self.accept_rate = 0.0
         self.no_drafts = False
 
-    def completion(self, prompt_tokens, gen_tokens):
-        """One finished request; returns the decode log line when this request crossed a logging interval."""
+    def completion(self, prompt_tokens, gen_tokens, ttft_seconds=None):
+        """One finished request (its time to first token is not kept: this stand-in has no TTFT histogram); returns
+        the decode log line when this request crossed a logging interval."""
         with self.lock:
             self.prompt += prompt_tokens
             self.gen += gen_tokens
@@ -239,8 +240,8 @@ class SglangApi(api.ApiHandler):
     def error_body(self, code, message, kind):
         return {"object": "error", "message": message, "type": kind, "code": code}
 
-    def completed(self, prompt_tokens, gen_tokens):
-        window = self.metrics.completion(prompt_tokens, gen_tokens)
+    def completed(self, prompt_tokens, gen_tokens, ttft_seconds):
+        window = self.metrics.completion(prompt_tokens, gen_tokens, ttft_seconds)
         if window:   # the scheduler's decode log line, every decode_log_interval steps (metrics_reporter.py)
             log("Decode batch, #running-req: 1, #token: %d, token usage: 0.00, %s%.2f, accept rate: %.2f, "
                 "cuda graph: True, gen throughput (token/s): 42.00, #queue-req: 0"

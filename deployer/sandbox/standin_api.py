@@ -22,7 +22,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     sys_version = ""
     api_key = ""
     knobs = {}
-    metrics = None              # the stand-in's Metrics: .text(), .completion(prompt_tokens, gen_tokens), .spec
+    metrics = None              # the stand-in's Metrics: .text(), .completion(prompt_tokens, gen_tokens, ttft), .spec
     model_name = ""             # --served-model-name, else the model path (what /v1/models lists)
     model_root = ""
     max_model_len = 262144
@@ -55,8 +55,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         """False when the request was answered already (a knob that kills the engine on it)."""
         return True
 
-    def completed(self, prompt_tokens, gen_tokens):
-        self.metrics.completion(prompt_tokens, gen_tokens)
+    def completed(self, prompt_tokens, gen_tokens, ttft_seconds):
+        self.metrics.completion(prompt_tokens, gen_tokens, ttft_seconds)
 
     # ---------------------------------------------------------------- the common parts
     def log_request(self, code="-", size="-"):
@@ -135,6 +135,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._json(404, {"detail": "Not Found"})
 
     def do_POST(self):
+        t0 = time.monotonic()
         if not self.gate() or not self._through_middleware():
             return
         chat = self.path == "/v1/chat/completions" or (self.path == "/invocations" and self.path in self.open_posts)
@@ -163,7 +164,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if k.get("empty_reply"):
             text = ""
         gen = min(int(req.get("max_tokens") or 16), max(1, len(text.split()))) if text else 1
-        self.completed(max(1, len(prompt.split())), gen)
+        self.completed(max(1, len(prompt.split())), gen, time.monotonic() - t0)
         message = ({"role": "assistant", "content": None, self.reasoning_field: text} if k.get("reasoning_only")
                    else {"role": "assistant", "content": text})
         self._json(200, {"id": "%s-%d" % (self.reply_id, int(time.time() * 1000)), "object": "chat.completion",

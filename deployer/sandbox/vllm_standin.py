@@ -120,18 +120,27 @@ def check_eagle3(drafter_dir, v2=False):
             log("eagle3_aux_v2", "(2, 30, 58)")   # Kimi-K2.5's 61 layers: (2, L // 2, L - 3)
 
 
+# vLLM 0.16.0's vllm:time_to_first_token_seconds buckets (vllm/v1/metrics/loggers.py, histogram_time_to_first_token)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0)
+
+
 class Metrics(object):
     def __init__(self, model_name, k, rate, spec):
         self.lock = threading.Lock()
+        self.ttft = [0] * (len(TTFT_BUCKETS) + 1)     # per bucket (the last: +Inf), not cumulative
+        self.ttft_sum = 0.0
         self.name, self.k, self.rate, self.spec = model_name, k, rate, spec
         self.drafts = self.draft_tokens = self.accepted = 0
         self.per_pos = [0] * k
         self.prompt = self.gen = 0
 
-    def completion(self, prompt_tokens, gen_tokens):
+    def completion(self, prompt_tokens, gen_tokens, ttft_seconds=0.0):
         with self.lock:
             self.prompt += prompt_tokens
             self.gen += gen_tokens
+            self.ttft[next((i for i, b in enumerate(TTFT_BUCKETS) if ttft_seconds <= b), len(TTFT_BUCKETS))] += 1
+            self.ttft_sum += ttft_seconds
             if not self.spec or getattr(self, "no_drafts", False):
                 return
             for _ in range(max(1, gen_tokens // 2)):
@@ -157,6 +166,13 @@ class Metrics(object):
             out.append("vllm:kv_cache_usage_perc{%s} 0.0" % lab)
             out.append("# TYPE vllm:num_requests_running gauge")
             out.append("vllm:num_requests_running{%s} 0.0" % lab)
+            out.append("# TYPE vllm:time_to_first_token_seconds histogram")
+            seen = 0
+            for i, b in enumerate(TTFT_BUCKETS + ("+Inf",)):
+                seen += self.ttft[i]
+                out.append('vllm:time_to_first_token_seconds_bucket{%s,le="%s"} %s' % (lab, b, float(seen)))
+            out.append("vllm:time_to_first_token_seconds_count{%s} %s" % (lab, float(seen)))
+            out.append("vllm:time_to_first_token_seconds_sum{%s} %s" % (lab, self.ttft_sum))
             if self.spec:
                 counter("vllm:spec_decode_num_drafts", self.drafts)
                 counter("vllm:spec_decode_num_draft_tokens", self.draft_tokens)

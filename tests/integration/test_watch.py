@@ -142,6 +142,12 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox, prom):
     assert {"weights", "graphs"} <= set(order) and order[-1] == "ready", order
     assert order.index("weights") < order.index("graphs") < len(order) - 1, order
     assert prom.samples('ALERTS{alertname="DeployerEngineDown"}', t0, time.time()) == [], order
+    # every query of the Grafana dashboard returns series here: no dead panel (the state keeper's metrics and the
+    # engine's own, the chat the smoke sent included)
+    from deployer import monitoring
+    dead = [(title, q) for title, q in monitoring.dashboard_queries(json.loads(monitoring.DASHBOARD.read_text()))
+            if not prom.query(q)]
+    assert dead == [], dead
     events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     pcts = sorted({e["percent"] for e in events if e["event"] == "phase" and e["phase"] == "weights"
                    and e["percent"] is not None})

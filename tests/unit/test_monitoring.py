@@ -35,6 +35,32 @@ def test_the_inventorys_gpu_hosts_become_node_exporter_and_engine_targets_by_gro
     assert cfg["rule_files"] == ["deployer-alerts.yml"]          # the balancer is no GPU host: not a target
 
 
+def test_the_dashboards_queries_are_promql_that_promtool_parses_and_name_only_metrics_that_exist(tmp_path):
+    """Each panel's query, as a recording rule, under promtool check rules (Prometheus' own parser); the deployer's
+    metric names are the keeper's (host_state.METRICS), the engines' are vLLM's and SGLang's (read in their
+    sources: vllm/v1/metrics/loggers.py, sglang/srt/observability/metrics_collector.py)."""
+    import json
+    import re
+
+    from deployer.host.module_utils.host_state import METRICS
+    dash = json.loads(mon.DASHBOARD.read_text())
+    queries = mon.dashboard_queries(dash, "10.0.0.21")
+    assert len(queries) >= 14 and all(p.get("datasource") for p in dash["panels"] if p["type"] != "row")
+    names = set(re.findall(r"\b((?:deployer|vllm|sglang)[a-z_:]*)", " ".join(q for _, q in queries)))
+    engines = {"vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc",
+               "vllm:num_requests_running", "vllm:spec_decode_num_accepted_tokens_total",
+               "vllm:spec_decode_num_draft_tokens_total", "sglang:generation_tokens_total",
+               "sglang:time_to_first_token_seconds_bucket", "sglang:token_usage", "sglang:num_running_reqs",
+               "sglang:spec_accept_rate"}
+    assert names - set(METRICS) - engines == set(), names - set(METRICS) - engines
+    if PROMTOOL:
+        rules = {"groups": [{"name": "dashboard", "rules": [{"record": "panel_%d" % i, "expr": q}
+                                                           for i, (_, q) in enumerate(queries)]}]}
+        (tmp_path / "r.yml").write_text(yaml.safe_dump(rules))
+        r = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "r.yml")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("address,port,group", [
     ("10.0.0.1\n  - job_name: x", 8000, "gpu"), ("a b", 8000, "gpu"), ("10.0.0.1:9999", 8000, "gpu"),
     ("10.0.0.1", 0, "gpu"), ("10.0.0.1", True, "gpu"), ("10.0.0.1", "8000", "gpu"), ("10.0.0.1", 8000, "g\"x"),
