@@ -174,3 +174,23 @@ def test_each_journal_line_is_read_once_and_a_flood_costs_each_look_a_bounded_re
         again = {}
         engine_watch.look(UnitModule(**props), p, again)
         assert int(again[inv].cursor) > cursors[1] and again[inv].read["lines"] == int(again[inv].cursor) - cursors[1]
+
+
+def test_a_watch_attached_to_a_deploys_load_leaves_the_deploys_budget_for_the_state_keeper(tmp_path, monkeypatch):
+    """`deployer watch` follows a load someone else's deploy started: the record that deploy keeps for the host's
+    state keeper (its budget and stall limits, which the alerts judge the load by) stays the deploy's; a load nobody
+    watched yet gets the attached watch's."""
+    import os
+    if os.geteuid() != 0:
+        return                  # the records live in a directory of root's
+    monkeypatch.setattr(journal_follow, "STATE_DIR", str(tmp_path / "watch-state"))
+    inv = "0123456789abcdef0123456789abcdef"
+    follows = {inv: journal_follow.Follow("vllm", False)}
+    engine_watch.keep(dict(P, attached=False, budget_seconds=3600, stall_seconds={"weights": 30}), follows)
+    attached = dict(P, attached=True, budget_seconds=1800)
+    engine_watch.keep(attached, follows)
+    kept = journal_follow.load_watch(P["service"])
+    assert kept["budget_seconds"] == 3600 and kept["stall_seconds"] == {"weights": 30}, kept
+    other = "f" * 32            # a start no deploy watched: the attached watch's record
+    engine_watch.keep(attached, {other: journal_follow.Follow("vllm", False)})
+    assert journal_follow.load_watch(P["service"])["budget_seconds"] == 1800

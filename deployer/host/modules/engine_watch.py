@@ -82,6 +82,13 @@ options:
         over the next looks.
     type: int
     default: 8388608
+  attached:
+    description:
+      - This watch did not start the load (C(deployer watch) following a load someone else started). It leaves
+        the record that the starting deploy's watch keeps for the host's state keeper (its budget and stall limits
+        for this start) as it is, and writes one only when there is none.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -163,7 +170,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.engine_logs import eta_seconds, overdue_seconds
 from ansible.module_utils.host_io import http_get, systemd_show
-from ansible.module_utils.journal_follow import load_follow, read_journal, save_follow, save_watch
+from ansible.module_utils.journal_follow import load_follow, load_watch, read_journal, save_follow, save_watch
 from ansible.module_utils.load_rules import RULESETS
 from ansible.module_utils.root_causes import advice
 
@@ -283,6 +290,22 @@ def look(module, p, follows):
     return res
 
 
+def keep(p, follows):
+    """Keep, for the next call and the host's state keeper, where each start's journal was read to and what the
+    load is judged by (an attached watch leaves the starting deploy's record for that start alone); returns what
+    the last look read."""
+    read = {}
+    for inv, follow in follows.items():
+        read = dict(follow.read)
+        save_follow(p["service"], inv, follow)
+        if p["attached"] and load_watch(p["service"]).get("invocation") == inv:
+            continue            # the starting deploy's record for this start stays what the keeper judges by
+        save_watch(p["service"], dict(invocation=inv, budget_seconds=p["budget_seconds"],
+                                      stall_seconds=p["stall_seconds"], stall_floor_factor=p["stall_floor_factor"],
+                                      previous_phase_seconds=p["previous_phase_seconds"], at=time.time()))
+    return read
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -299,6 +322,7 @@ def main():
             health_timeout_seconds=dict(type="float", default=2.0),
             root_cause=dict(type="bool", default=False),
             max_bytes_per_poll=dict(type="int", default=8388608),
+            attached=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -320,13 +344,7 @@ def main():
         res = look(module, p, follows)
         if res["state"] != "loading" or (res["phase"], res["percent"]) != (first["phase"], first["percent"]):
             break
-    read = {}
-    for inv, follow in follows.items():
-        read = dict(follow.read)
-        save_follow(p["service"], inv, follow)
-        save_watch(p["service"], dict(invocation=inv, budget_seconds=p["budget_seconds"],
-                                      stall_seconds=p["stall_seconds"], stall_floor_factor=p["stall_floor_factor"],
-                                      previous_phase_seconds=p["previous_phase_seconds"], at=time.time()))
+    read = keep(p, follows)
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     res["journal"] = dict(read, cpu_seconds=round(me.ru_utime + me.ru_stime + kids.ru_utime
                                                                    + kids.ru_stime, 3),
