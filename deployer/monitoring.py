@@ -16,12 +16,14 @@ RULES_NAME = "deployer-alerts.yml"
 DASHBOARD = RULES.parent.parent / "grafana" / "deployer-dashboard.json"
 # The playbooks' hosts (playbooks/up.yml: deployer_target, default gpu) and groups that say nothing of a host's role
 TARGET_GROUP = "gpu"
+BALANCER_GROUP = "balancer"        # playbooks/up.yml's HAProxy hosts
 PLAIN_GROUPS = {"all", "ungrouped", TARGET_GROUP}
 NODE_EXPORTER_PORT = 9100          # Debian's prometheus-node-exporter listens here
 # a DNS name (RFC 1123 labels) or an IP address: what may stand in a target's host part
 _NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
                    r"[A-Za-z0-9])?)*\.?")
 _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,253}")   # an inventory name as the balancer names its server
 
 
 class BadTarget(ValueError):
@@ -56,6 +58,8 @@ def check(h: Host) -> None:
         raise BadTarget(f"{h.name}: deployer_port {h.port!r}: expected a port number, 1 to 65535")
     if not _LABEL.fullmatch(h.group):
         raise BadTarget(f"{h.name}: group {h.group!r}: expected a label value of letters, digits, _ . -")
+    if not _HOST_LABEL.fullmatch(h.name):
+        raise BadTarget(f"inventory name {h.name!r}: expected letters, digits, _ . : - (the balancer's server name)")
 
 
 def group_of(groups: list[str]) -> str:
@@ -65,33 +69,35 @@ def group_of(groups: list[str]) -> str:
 
 
 def prometheus_config(hosts: list[Host], scrape_interval_seconds: int = 15,
-                      node_exporter_port: int = NODE_EXPORTER_PORT) -> dict:
+                      node_exporter_port: int = NODE_EXPORTER_PORT, balancers: list[Host] = ()) -> dict:
     """A whole Prometheus configuration: the rules file beside it, the hosts' node_exporters and the engines, each
-    target labelled with its group (an operator with a Prometheus of their own copies the two scrape jobs)."""
-    for h in hosts:
+    target labelled with its group and its inventory name (``host``: the alert rules match it with the balancer's
+    server of that name), and the balancers' HAProxy exporters (``Host.port``: balancer_metrics_port; 0: none).
+    An operator with a Prometheus of their own copies the scrape jobs."""
+    lbs = sorted((b for b in balancers if b.port != 0), key=lambda x: x.name)     # port 0: no exporter
+    for h in [*hosts, *lbs]:
         check(h)
-    by_group: dict[str, list[Host]] = {}
-    for h in sorted(hosts, key=lambda x: x.name):
-        by_group.setdefault(h.group, []).append(h)
+    gpu = sorted(hosts, key=lambda x: x.name)
 
-    def job(name, port_of):
+    def job(name, members, port_of):
         return {"job_name": name, "static_configs": [
-            {"targets": [target(h.address, port_of(h)) for h in members], "labels": {"group": g}}
-            for g, members in sorted(by_group.items())]}
+            {"targets": [target(h.address, port_of(h))], "labels": {"group": h.group, "host": h.name}}
+            for h in members]}
     interval = f"{int(scrape_interval_seconds)}s"
+    jobs = [job("deployer-hosts", gpu, lambda h: node_exporter_port), job("deployer-engines", gpu, lambda h: h.port)]
+    if lbs:
+        jobs.append(job("deployer-balancers", lbs, lambda h: h.port))
     return {"global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "rule_files": [RULES_NAME],
-            "scrape_configs": [job("deployer-hosts", lambda h: node_exporter_port),
-                               job("deployer-engines", lambda h: h.port)]}
+            "rule_files": [RULES_NAME], "scrape_configs": jobs}
 
 
 def render(hosts: list[Host], scrape_interval_seconds: int = 15,
-           node_exporter_port: int = NODE_EXPORTER_PORT) -> dict[str, str]:
+           node_exporter_port: int = NODE_EXPORTER_PORT, balancers: list[Host] = ()) -> dict[str, str]:
     """File name -> text: ``prometheus.yml``, the alert rules and the Grafana dashboard (import it; its
     ``datasource`` variable picks the Prometheus)."""
     head = ("# Written by `deployer monitoring` from the inventory's GPU hosts (docs/monitoring.md).  The rules file\n"
             "# is the project's templates/prometheus/deployer-alerts.yml.\n")
-    cfg = prometheus_config(hosts, scrape_interval_seconds, node_exporter_port)
+    cfg = prometheus_config(hosts, scrape_interval_seconds, node_exporter_port, balancers)
     return {"prometheus.yml": head + yaml.safe_dump(cfg, sort_keys=False), RULES_NAME: RULES.read_text(),
             DASHBOARD.name: DASHBOARD.read_text()}
 

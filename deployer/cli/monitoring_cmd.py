@@ -14,7 +14,7 @@ from deployer.cli.targets import Host, Inventory, Key, Port, Sandbox, Target, Us
 from deployer.events import Exit
 from deployer.output import lit, out
 
-DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "deployer" / "defaults" / "main.yml"
+ROLES = Path(__file__).resolve().parents[2] / "roles"
 
 
 def _plain(value) -> str:
@@ -22,26 +22,29 @@ def _plain(value) -> str:
     return str(value).encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
 
 
-def inventory_hosts(path: str) -> list[mon.Host]:
-    """The playbooks' GPU hosts as the inventory names them: address, engine port (its default from the role's
-    defaults), group.  Ansible's own inventory reader, group_vars and host_vars included."""
+def _port(value):
+    return int(value) if not isinstance(value, bool) and str(value).strip().isdigit() else value
+
+
+def inventory_hosts(path: str, group: str = mon.TARGET_GROUP) -> list[mon.Host]:
+    """The playbooks' GPU hosts (or, with ``group`` balancer, the balancers) as the inventory names them: address,
+    port (the engine's; a balancer's HAProxy exporter's), group; a port's default is its role's.  Ansible's own
+    inventory reader, group_vars and host_vars included."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
     loader = DataLoader()
     inv = InventoryManager(loader=loader, sources=[path])
     vm = VariableManager(loader=loader, inventory=inv)
-    default_port = yaml.safe_load(DEFAULTS.read_text())["deployer_port"]
+    role, setting = ("balancer", "balancer_metrics_port") if group == mon.BALANCER_GROUP else ("deployer",
+                                                                                             "deployer_port")
+    default_port = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())[setting]
     hosts = []
-    for h in inv.get_hosts(mon.TARGET_GROUP):
+    for h in inv.get_hosts(group) if group in inv.groups else []:
         v = vm.get_vars(host=h)
-        port = v.get("deployer_port", default_port)
-        try:
-            port = int(port) if not isinstance(port, bool) and str(port).strip().isdigit() else port
-        except ValueError:
-            pass
-        hosts.append(mon.Host(_plain(h.name), _plain(v.get("ansible_host") or h.name), port,
-                              mon.group_of([_plain(g.name) for g in h.get_groups()])))
+        hosts.append(mon.Host(_plain(h.name), _plain(v.get("ansible_host") or h.name),
+                              _port(v.get(setting, default_port)), group if group == mon.BALANCER_GROUP
+                              else mon.group_of([_plain(g.name) for g in h.get_groups()])))
     return hosts
 
 
@@ -59,7 +62,7 @@ def monitoring(out_dir: Annotated[Path, typer.Option(
         hosts = inventory_hosts(path)
         if not hosts:
             die(Exit.USAGE, f"{path}: no host in group {mon.TARGET_GROUP!r}")
-        files = mon.render(hosts, scrape_interval_seconds)
+        files = mon.render(hosts, scrape_interval_seconds, balancers=inventory_hosts(path, mon.BALANCER_GROUP))
     except mon.BadTarget as e:
         die(Exit.USAGE, f"inventory: {e}")
     if out_dir.exists() and not out_dir.is_dir():

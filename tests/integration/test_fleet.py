@@ -31,6 +31,13 @@ def fleet():
     yield from fleet_hosts()
 
 
+@pytest.fixture(scope="module")
+def prom(fleet, tmp_path_factory):
+    from prom_helpers import prometheus
+    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
 # First, while every host runs the fixture's release: the drained-host tests and a restart of the live release.
 def test_a_host_whose_rollback_fails_too_stays_drained_and_the_next_up_puts_it_back():
     """docs/fleet.md item 3 (issue 24's untested promise): when the new release and the last live one both fail
@@ -125,8 +132,10 @@ def test_a_rotated_secret_restarts_each_host_out_of_the_balancer_and_a_plain_up_
     assert lb_states() == {h: ["ready", 0] for h in GPU}
 
 
-def test_rolling_deploy_of_three_hosts_drains_each_and_no_client_request_fails():
+def test_rolling_deploy_of_three_hosts_drains_each_and_no_client_request_fails(prom):
+    import time
     before = {h: current(h) for h in GPU}
+    t0 = time.time()
     r, records, summary, rec = roll("-e", "deployer_max_model_len=65536")
     assert r.returncode == 0, r.stdout + r.stderr
     after = {h: current(h) for h in GPU}
@@ -143,6 +152,13 @@ def test_rolling_deploy_of_three_hosts_drains_each_and_no_client_request_fails()
                 assert max(out_at[a]) < min(out_at[b]) or max(out_at[b]) < min(out_at[a]), (a, b)
     assert set(summary["by_host"]) >= set(GPU)                     # the load was spread over the fleet
     assert lb_states() == {h: ["ready", 0] for h in GPU}
+    # Prometheus, scraping the balancer's own HAProxy exporter as `deployer monitoring` says, saw each host drained,
+    # and no host's restart made DeployerEngineDown so much as pending
+    time.sleep(1)
+    drained = {lab["server"] for _, lab, v in prom.samples('haproxy_server_status{state="DRAIN"} == 1', t0,
+                                                           time.time())}
+    assert drained == set(GPU), drained
+    assert prom.samples('ALERTS{alertname="DeployerEngineDown"}', t0, time.time()) == []
 
 
 def test_a_failed_host_stops_the_roll_is_rolled_back_and_re_enabled_with_no_client_error():

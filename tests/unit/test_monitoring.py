@@ -27,12 +27,21 @@ def test_the_inventorys_gpu_hosts_become_node_exporter_and_engine_targets_by_gro
     assert sorted(hosts, key=lambda h: h.name) == [mon.Host("g1", "10.0.0.21", 8000, "west"),
                                                   mon.Host("g2", "fd00::22", 8001, "west"),
                                                   mon.Host("g3", "gpu3.example.com", 8000, "east")]
-    cfg = yaml.safe_load(mon.render(hosts)["prometheus.yml"])
+    lbs = inventory_hosts(str(tmp_path / "inv.yml"), "balancer")
+    assert lbs == [mon.Host("lb1", "10.0.0.9", 8405, "balancer")]       # its HAProxy exporter (the role's default)
+    cfg = yaml.safe_load(mon.render(hosts, balancers=lbs)["prometheus.yml"])
     jobs = {j["job_name"]: j["static_configs"] for j in cfg["scrape_configs"]}
-    assert jobs["deployer-hosts"] == [{"targets": ["gpu3.example.com:9100"], "labels": {"group": "east"}},
-                                      {"targets": ["10.0.0.21:9100", "[fd00::22]:9100"], "labels": {"group": "west"}}]
-    assert jobs["deployer-engines"][1]["targets"] == ["10.0.0.21:8000", "[fd00::22]:8001"]
-    assert cfg["rule_files"] == ["deployer-alerts.yml"]          # the balancer is no GPU host: not a target
+    assert jobs["deployer-hosts"] == [{"targets": ["10.0.0.21:9100"], "labels": {"group": "west", "host": "g1"}},
+                                      {"targets": ["[fd00::22]:9100"], "labels": {"group": "west", "host": "g2"}},
+                                      {"targets": ["gpu3.example.com:9100"], "labels": {"group": "east", "host": "g3"}}]
+    assert [c["targets"] for c in jobs["deployer-engines"]] == [["10.0.0.21:8000"], ["[fd00::22]:8001"],
+                                                                ["gpu3.example.com:8000"]]
+    assert jobs["deployer-balancers"] == [{"targets": ["10.0.0.9:8405"],
+                                           "labels": {"group": "balancer", "host": "lb1"}}]
+    assert cfg["rule_files"] == ["deployer-alerts.yml"]
+    # a balancer without an exporter (balancer_metrics_port 0) is no target
+    cfg = yaml.safe_load(mon.render(hosts, balancers=[mon.Host("lb1", "10.0.0.9", 0, "balancer")])["prometheus.yml"])
+    assert "deployer-balancers" not in {j["job_name"] for j in cfg["scrape_configs"]}
 
 
 def test_the_dashboards_queries_are_promql_that_promtool_parses_and_name_only_metrics_that_exist(tmp_path):
@@ -64,11 +73,14 @@ def test_the_dashboards_queries_are_promql_that_promtool_parses_and_name_only_me
 @pytest.mark.parametrize("address,port,group", [
     ("10.0.0.1\n  - job_name: x", 8000, "gpu"), ("a b", 8000, "gpu"), ("10.0.0.1:9999", 8000, "gpu"),
     ("10.0.0.1", 0, "gpu"), ("10.0.0.1", True, "gpu"), ("10.0.0.1", "8000", "gpu"), ("10.0.0.1", 8000, "g\"x"),
+    ("10.0.0.1", 70000, "gpu"),
 ])
 def test_a_value_that_is_not_one_target_is_refused_with_the_host_and_the_value(address, port, group):
     with pytest.raises(mon.BadTarget) as e:
         mon.render([mon.Host("g1", address, port, group)])
     assert str(e.value).startswith("g1: ")
+    with pytest.raises(mon.BadTarget, match="inventory name 'g1\\\\n'"):
+        mon.render([mon.Host("g1\n", "10.0.0.1", 8000, "gpu")])
 
 
 @needs_promtool
