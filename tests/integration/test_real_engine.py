@@ -25,6 +25,13 @@ def sandbox():
                              package_cache=(f"{real_engine.PACKAGE}-{real_engine.VERSION}",))
 
 
+@pytest.fixture(scope="module")
+def prom(sandbox, tmp_path_factory):
+    from prom_helpers import prometheus
+    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
 def up(*args):
     return deployer("up", "--sandbox", *args)
 
@@ -37,7 +44,8 @@ def release(name="current"):
     return json.loads(sh(H, f"cat /opt/deployer/{name}/release.json"))
 
 
-def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_drafts():
+def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_drafts(prom):
+    t0 = time.time()
     r = up()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     text = journal()
@@ -88,6 +96,17 @@ def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_draft
     r = up()
     assert r.returncode == 0 and "unchanged, nothing restarted" in r.stdout, r.stdout[-2000:]
     assert sh(H, f"systemctl show -p MainPID --value {SVC}") == pid
+    # a real Prometheus, scraping as `deployer monitoring` says: the state keeper followed the real vLLM's load from
+    # its own journal (the weights phase, then ready), the cold load never made DeployerEngineDown pending, and every
+    # query of the dashboard returns series from the real engine's /metrics and the keeper's
+    from deployer import monitoring
+    time.sleep(1.5)
+    phases = {lab["phase"] for _, lab, _v in prom.samples("deployer_load_phase == 1", t0, time.time())}
+    assert {"weights", "ready"} <= phases, phases
+    assert prom.samples('ALERTS{alertname="DeployerEngineDown"}', t0, time.time()) == []
+    dead = [(title, q) for title, q in monitoring.dashboard_queries(json.loads(monitoring.DASHBOARD.read_text()))
+            if not prom.query(q)]
+    assert dead == [], dead
 
 
 # The second release: a changed flag (2 drafts a step), tensor parallel 2 on the two cores (one OpenMP core per rank),
