@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU canary's vLLM probes (roles/canary/files/gpu_canary.py --probe ...) against a real vLLM build on a lent
-# GPU machine (no network, torch 2.11 / CUDA 13: vLLM 0.22.0 matches it).  A call carries at most 64 MiB, so the
+# The GPU canary's vLLM probes (roles/canary/files/gpu_canary.py --probe ...) against a real vLLM build on a GPU
+# machine (no network, torch 2.11 / CUDA 13: vLLM 0.22.0 matches it).  A call carries at most 64 MiB, so the
 # pieces come in three calls (the machine keeps /tmp while it stays warm):
 #   a: vLLM's Python files and dist-info (py.tar.xz), _moe_C.abi3.so (moe.xz), the wheels the machine lacks for
 #      `import vllm._custom_ops` (pyzmq, dill)                         -> bash canary_vllm_probes.sh unpack .gpu-carry/a
