@@ -15,11 +15,7 @@ changes.
 """
 from __future__ import annotations
 
-from deployer.engines.base import REGISTRY, Engine, EngineError, argv_value, register
-
-# The engine of a release recorded before the deployer had a choice of engines (its manifest names none, its unit
-# no marker): vLLM.  A fact about old records, not the setting's default (that is roles/deployer/defaults/main.yml).
-RECORDED_BEFORE_BACKENDS = "vllm"
+from deployer.engines.base import RECORDED_BEFORE_BACKENDS, REGISTRY, Engine, EngineError, argv_value, register
 
 __all__ = ["RECORDED_BEFORE_BACKENDS", "REGISTRY", "Engine", "EngineError", "argv_value", "register", "get", "names",
            "describe", "engine_of_unit"]

@@ -2,7 +2,13 @@
 ``__init__`` (which loads them: no import runs in a circle)."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
+
+# The engine of a release recorded before the deployer had a choice of engines (its manifest names none, its unit
+# no marker): vLLM.  A fact about old records, not the setting's default (that is roles/deployer/defaults/main.yml).
+RECORDED_BEFORE_BACKENDS = "vllm"
 
 
 class EngineError(ValueError):
@@ -147,9 +153,48 @@ class Engine:
 
 REGISTRY: dict[str, Engine] = {}
 
+# What every engine says for itself: an empty one would be a silent default (a release read with another engine's
+# rules, a smoke that skips its EAGLE-3 check).  Members and methods, each named in the refusal.
+REQUIRED = ("name", "label", "package", "program", "version_setting", "extra_args_setting", "verifier", "log_rules",
+            "drafts_metric", "metrics_rules")
+OWN_METHODS = ("version", "argv", "speculative_of")
+_REPO = Path(__file__).resolve().parents[2]
+VERIFIERS = _REPO / "roles" / "verify" / "files"
+CANARY = _REPO / "roles" / "canary" / "files" / "gpu_canary.py"
+
+
+def problems(cls) -> list[str]:
+    """What an engine class leaves unsaid or names wrong (empty when it can register)."""
+    from deployer.host.module_utils import spec_metrics
+    from deployer.host.module_utils.load_rules import RULESETS
+    out = [f"{a} is empty" for a in REQUIRED if not getattr(cls, a, "")]
+    out += [f"{m}() is the base class's: say it for this engine" for m in OWN_METHODS
+            if getattr(cls, m) is getattr(Engine, m)]
+    if cls.log_rules and cls.log_rules not in RULESETS:
+        out.append(f"log_rules {cls.log_rules!r}: expected one of {sorted(RULESETS)} (module_utils/load_rules.py)")
+    if cls.metrics_rules and cls.metrics_rules not in spec_metrics.RULES:
+        out.append(f"metrics_rules {cls.metrics_rules!r}: expected one of {sorted(spec_metrics.RULES)} "
+                   "(module_utils/spec_metrics.py)")
+    if cls.verifier and not (VERIFIERS / cls.verifier).is_file():
+        out.append(f"verifier {cls.verifier!r}: no such file in roles/verify/files")
+    probes = set(re.findall(r'"(\w+)": _probe_', CANARY.read_text()))
+    out += [f"canary probe {p!r}: not one of the canary's {sorted(probes)}" for p in cls.canary_probes
+            if p not in probes]
+    # `deployer watch` tells a unit's engine by its marker word; a unit with none is read by the rules of the
+    # engine that was the only one before (a fork logging as that engine does needs none)
+    if not cls.unit_marker and cls.log_rules != RECORDED_BEFORE_BACKENDS:
+        out.append("unit_marker is empty: a unit of this engine would be read with another engine's log rules")
+    out += [f"unit_marker {cls.unit_marker!r} is engine {n}'s too" for n, e in sorted(REGISTRY.items())
+            if cls.unit_marker and e.unit_marker == cls.unit_marker and n != cls.name]
+    return out
+
 
 def register(cls):
-    """Class decorator: register an engine under its name (a later registration of the same name replaces it)."""
+    """Class decorator: register an engine under its name (a later registration of the same name replaces it),
+    once it says everything an engine must (``problems``): else EngineError naming what is missing."""
+    bad = problems(cls)
+    if bad:
+        raise EngineError(f"engine {cls.__name__} ({cls.name or 'no name'}) cannot register: " + "; ".join(bad))
     REGISTRY[cls.name] = cls()
     return cls
 

@@ -42,11 +42,14 @@ def toy():
     class Toy(engines.Engine):
         name, label, package, program = "toy", "Toy", "toy-serve", "toy"
         version_setting, extra_args_setting = "toy_version", "toy_extra_args"
-        verifier, log_rules, drafts_metric = "toy_verify.py", "vllm", "toy:drafts_total"
-        metrics_rules = "vllm"           # a vLLM fork: vLLM's metric names
+        verifier, log_rules, drafts_metric = "vllm_verify.py", "vllm", "toy:drafts_total"
+        metrics_rules = "vllm"           # a vLLM fork: vLLM's checks, log lines and metric names
 
         def version(self, s):
             return str(s["toy_version"])
+
+        def speculative_of(self, argv):
+            return "--toy-draft" in argv, 3
 
         def argv(self, s, venv, drafter, credentials):
             return [f"{venv}/bin/toy", "serve", s["model_dir"], "--port", str(s["port"])] + list(s.get("toy_extra_args")
@@ -60,7 +63,7 @@ def toy():
 
 def test_a_third_engine_renders_a_plan_an_argv_a_unit_and_log_rules_without_touching_a_role(toy, tmp_path):
     p = make_plan(settings(backend="toy", toy_version="1.2.3", toy_extra_args=["--fast"]), DRAFTER)
-    assert p["engine"]["name"] == "toy" and p["engine"]["verifier"] == "toy_verify.py"
+    assert p["engine"]["name"] == "toy" and p["engine"]["verifier"] == "vllm_verify.py"
     assert p["venv"] == "/opt/deployer/venvs/toy-1.2.3" and p["vllm_version"] is None
     assert p["argv"] == ["/opt/deployer/venvs/toy-1.2.3/bin/toy", "serve", "/srv/models/Kimi-K2.5", "--port", "8000",
                          "--fast"]
@@ -164,3 +167,42 @@ def test_a_cpu_build_that_cannot_serve_or_a_bad_cpu_setting_is_refused_by_the_pl
     from deployer.plan import PlanError
     with pytest.raises(PlanError, match=re.escape(why)):
         _cpu(**over)
+
+
+def _toy_class(**members):
+    """A toy engine class, every member said, then ``members`` over it (None: left to the base class)."""
+    attrs = dict(name="toy2", label="Toy2", package="toy2-serve", program="toy2", version_setting="toy2_version",
+                 extra_args_setting="toy2_extra_args", verifier="vllm_verify.py", log_rules="sglang",
+                 drafts_metric="toy2:drafts_total", metrics_rules="vllm", unit_marker="--toy2-model",
+                 canary_probes=(), version=lambda self, s: "1", argv=lambda self, s, v, d, c: [],
+                 speculative_of=lambda self, argv: (False, 0))
+    attrs.update(members)
+    return type("Toy2", (engines.Engine,), {k: v for k, v in attrs.items() if v is not None})
+
+
+@pytest.mark.parametrize("members,named", [
+    ({"unit_marker": None}, "unit_marker is empty: a unit of this engine would be read with another engine's"),
+    ({"speculative_of": None}, "speculative_of() is the base class's"),
+    ({"argv": None}, "argv() is the base class's"),
+    ({"version": None}, "version() is the base class's"),
+    ({"drafts_metric": None}, "drafts_metric is empty"),
+    ({"verifier": "toy2_verify.py"}, "verifier 'toy2_verify.py': no such file in roles/verify/files"),
+    ({"log_rules": "toy2"}, "log_rules 'toy2': expected one of ['sglang', 'vllm']"),
+    ({"metrics_rules": "toy2"}, "metrics_rules 'toy2': expected one of"),
+    ({"canary_probes": ("toy2_gemm",)}, "canary probe 'toy2_gemm': not one of the canary's"),
+    ({"unit_marker": "--model-path"}, "unit_marker '--model-path' is engine sglang's too"),
+])
+def test_an_engine_that_leaves_a_member_unsaid_fails_at_registration_naming_it(members, named):
+    engines.names()                      # the built-in engines registered (their markers taken)
+    with pytest.raises(engines.EngineError) as e:
+        engines.register(_toy_class(**members))
+    assert "engine Toy2 (toy2) cannot register: " in str(e.value) and named in str(e.value), str(e.value)
+    assert "toy2" not in engines.REGISTRY
+
+
+def test_a_fork_logging_as_the_first_engine_needs_no_marker_and_a_whole_engine_registers():
+    try:
+        engines.register(_toy_class(unit_marker=None, log_rules="vllm"))   # read as vLLM's: right for a fork
+        assert engines.get("toy2").label == "Toy2"
+    finally:
+        engines.REGISTRY.pop("toy2", None)
