@@ -31,10 +31,11 @@ def fleet():
     yield from fleet_hosts()
 
 
-@pytest.fixture(scope="module")
-def prom(fleet, tmp_path_factory):
+@pytest.fixture
+def prom(fleet, tmp_path):
+    """A real Prometheus for one test (it scrapes twice a second: none outlives its test)."""
     from prom_helpers import prometheus
-    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+    with prometheus(tmp_path) as p:
         yield p
 
 

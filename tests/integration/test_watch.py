@@ -19,10 +19,11 @@ def sandbox():
         yield sb
 
 
-@pytest.fixture(scope="module")
-def prom(sandbox, tmp_path_factory):
+@pytest.fixture
+def prom(sandbox, tmp_path):
+    """A real Prometheus for one test (it scrapes twice a second: none outlives its test)."""
     from prom_helpers import prometheus
-    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+    with prometheus(tmp_path) as p:
         yield p
 
 
