@@ -54,21 +54,23 @@ def backend_server(name):
 @pytest.fixture
 def haproxy(tmp_path):
     s1, s2 = backend_server("s1"), backend_server("s2")
-    port, sock = free_port(), str(tmp_path / "admin.sock")
+    port, metrics, sock = free_port(), free_port(), str(tmp_path / "admin.sock")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles/balancer/templates")))
     from ansible.plugins.filter.core import FilterModule as AnsibleCore
 
     from deployer.ansible_plugins.filter_plugins.deployer_filters import FilterModule
     env.filters.update(AnsibleCore().filters())       # Ansible's own (extract), then the role's (haproxy_word)
     env.filters.update(FilterModule().filters())
-    cfg = env.get_template("haproxy.cfg.j2").render(
+    # the role's own defaults (roles/balancer/defaults/main.yml), then what this test needs
+    role = yaml.safe_load((ROOT / "roles/balancer/defaults/main.yml").read_text())
+    cfg = env.get_template("haproxy.cfg.j2").render(dict(role,
         ansible_managed="test", balancer_socket=sock, balancer_port=port, balancer_backend="llm",
         balancer_timeout_connect_seconds=2, balancer_timeout_client_seconds=30, balancer_timeout_server_seconds=30,
-        balancer_check_interval_seconds=1, groups={"gpu": ["s1", "s2"]},
+        balancer_check_interval_seconds=1, balancer_metrics_port=metrics, groups={"gpu": ["s1", "s2"]},
         # roles/balancer/vars/main.yml: the deployer role's defaults, read from their one file
         __balancer_deployer_defaults=yaml.safe_load((ROOT / "roles/deployer/defaults/main.yml").read_text()),
         hostvars={"s1": {"ansible_host": "127.0.0.1", "deployer_port": s1.server_address[1]},
-                  "s2": {"ansible_host": "127.0.0.1", "deployer_port": s2.server_address[1]}})
+                  "s2": {"ansible_host": "127.0.0.1", "deployer_port": s2.server_address[1]}}))
     cfg = cfg.replace("log /dev/log local0", "")       # no syslog here
     (tmp_path / "haproxy.cfg").write_text(cfg)
     check = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
@@ -83,7 +85,7 @@ def haproxy(tmp_path):
             except hr.RuntimeError_:
                 pass
             time.sleep(0.1)
-        yield port, sock
+        yield port, sock, metrics
     finally:
         p.terminate()
         p.wait(10)
@@ -107,7 +109,7 @@ def get(port, path="/"):
 
 
 def test_drain_waits_for_in_flight_requests_refuses_the_last_server_and_puts_it_back(haproxy):
-    port, sock = haproxy
+    port, sock, metrics = haproxy
     # the balancer forwards what a client needs and refuses the rest at its front (issue 53 N1: vLLM's /invocations
     # and /pause answer without the key); /health and /v1 reach a backend
     for path in ("/invocations", "/pause", "/tokenize", "/metrics", "/v1x"):
@@ -148,6 +150,14 @@ def test_drain_waits_for_in_flight_requests_refuses_the_last_server_and_puts_it_
     assert slow["by"] == busy[0] and slow["body"] == busy[0]                  # which finished, on that server
     # new requests go only to the ready server
     assert {get(port, "/v1/models")[0] for _ in range(10)} == {other}
+    # HAProxy's own exporter (balancer_metrics_port) says which server is drained; it serves nothing but /metrics
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert f'haproxy_server_status{{proxy="llm",server="{busy[0]}",state="DRAIN"}} 1' in text, text[-2000:]
+    assert f'haproxy_server_status{{proxy="llm",server="{other}",state="UP"}} 1' in text
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get(metrics, "/")
+    assert e.value.code == 404
     # the last ready server is not taken away
     res, out = module(sock, server=other, state="drain")
     assert res["failed"] and "would leave no server ready in backend llm" in res["msg"], out
