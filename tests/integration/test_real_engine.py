@@ -98,12 +98,13 @@ def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_draft
     assert r.returncode == 0 and "unchanged, nothing restarted" in r.stdout, r.stdout[-2000:]
     assert sh(H, f"systemctl show -p MainPID --value {SVC}") == pid
     # a real Prometheus, scraping as `deployer monitoring` says: the state keeper followed the real vLLM's load from
-    # its own journal (the weights phase, then ready), the cold load never made DeployerEngineDown pending, and every
+    # its own journal (phases of it, then ready: the tiny model's weights load within one of the keeper's 2 s looks,
+    # so which short phases a look lands in varies), the cold load never made DeployerEngineDown pending, and every
     # query of the dashboard returns series from the real engine's /metrics and the keeper's
     from deployer import monitoring
     time.sleep(1.5)
     phases = {lab["phase"] for _, lab, _v in prom.samples("deployer_load_phase == 1", t0, time.time())}
-    assert {"weights", "ready"} <= phases, phases
+    assert "ready" in phases and len(phases & {"starting", "weights", "drafter", "kv_cache", "api"}) >= 2, phases
     assert prom.samples('ALERTS{alertname="DeployerEngineDown"}', t0, time.time()) == []
     dead = [(title, q) for title, q in monitoring.dashboard_queries(json.loads(monitoring.DASHBOARD.read_text()))
             if not prom.query(q)]
