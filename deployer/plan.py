@@ -54,8 +54,7 @@ from typing import Any
 
 from deployer import engines, versions
 from deployer.engines.argv import ServeConfigError, systemd_exec_quote
-from deployer.host.module_utils import formats, spec_metrics
-from deployer.host.module_utils.load_rules import RULESETS
+from deployer.host.module_utils import formats
 from deployer.identity import api_guard_module, line_splitter_path, state_keeper_files, templates_hash
 from deployer.live_secrets import live_secrets
 
@@ -133,10 +132,11 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         eng = engines.get(backend)
     except engines.EngineError as e:
         raise PlanError(str(e)) from e
-    # what the host reads by the engine's keys: an unknown one would read its load and its drafts as nothing
-    if eng.log_rules not in RULESETS or eng.metrics_rules not in spec_metrics.RULES:
-        raise PlanError(f"engine {eng.name}: log_rules {eng.log_rules!r} (expected one of {sorted(RULESETS)}) and "
-                        f"metrics_rules {eng.metrics_rules!r} (expected one of {sorted(spec_metrics.RULES)})")
+    # what registration checked, again for the engine as it is now: an unknown log or metric rule set would read
+    # its load and its drafts as nothing
+    bad = engines.problems(type(eng))
+    if bad:
+        raise PlanError(f"engine {eng.name}: " + "; ".join(bad))
     root = str(_need(s, "root")).rstrip("/")
     if not re.fullmatch(r"/[A-Za-z0-9_./-]*", root) or ".." in root.split("/"):
         raise PlanError(f"root: got {root!r}, expected an absolute path of letters, digits and _ . / -")

@@ -15,10 +15,18 @@ changes.
 """
 from __future__ import annotations
 
-from deployer.engines.base import RECORDED_BEFORE_BACKENDS, REGISTRY, Engine, EngineError, argv_value, register
+from deployer.engines.base import (
+    RECORDED_BEFORE_BACKENDS,
+    REGISTRY,
+    Engine,
+    EngineError,
+    argv_value,
+    problems,
+    register,
+)
 
-__all__ = ["RECORDED_BEFORE_BACKENDS", "REGISTRY", "Engine", "EngineError", "argv_value", "register", "get", "names",
-           "describe", "engine_of_unit"]
+__all__ = ["RECORDED_BEFORE_BACKENDS", "REGISTRY", "Engine", "EngineError", "argv_value", "problems", "register",
+           "get", "names", "describe", "engine_of_unit"]
 
 
 def get(name: str) -> Engine:

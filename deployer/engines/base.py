@@ -2,6 +2,7 @@
 ``__init__`` (which loads them: no import runs in a circle)."""
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,12 @@ VERIFIERS = _REPO / "roles" / "verify" / "files"
 CANARY = _REPO / "roles" / "canary" / "files" / "gpu_canary.py"
 
 
+@functools.lru_cache(maxsize=1)
+def canary_probes() -> frozenset:
+    """The probes the GPU canary knows (its ``PROBES`` table), read once."""
+    return frozenset(re.findall(r'"(\w+)": _probe_', CANARY.read_text()))
+
+
 def problems(cls) -> list[str]:
     """What an engine class leaves unsaid or names wrong (empty when it can register)."""
     from deployer.host.module_utils import spec_metrics
@@ -177,9 +184,8 @@ def problems(cls) -> list[str]:
                    "(module_utils/spec_metrics.py)")
     if cls.verifier and not (VERIFIERS / cls.verifier).is_file():
         out.append(f"verifier {cls.verifier!r}: no such file in roles/verify/files")
-    probes = set(re.findall(r'"(\w+)": _probe_', CANARY.read_text()))
-    out += [f"canary probe {p!r}: not one of the canary's {sorted(probes)}" for p in cls.canary_probes
-            if p not in probes]
+    out += [f"canary probe {p!r}: not one of the canary's {sorted(canary_probes())}" for p in cls.canary_probes
+            if p not in canary_probes()]
     # `deployer watch` tells a unit's engine by its marker word; a unit with none is read by the rules of the
     # engine that was the only one before (a fork logging as that engine does needs none)
     if not cls.unit_marker and cls.log_rules != RECORDED_BEFORE_BACKENDS:
