@@ -55,7 +55,8 @@ def check(h: Host) -> None:
         if not _NAME.fullmatch(h.address):
             raise BadTarget(f"{h.name}: address {h.address!r} is neither an IP address nor a DNS name") from None
     if isinstance(h.port, bool) or not isinstance(h.port, int) or not 0 < h.port < 65536:
-        raise BadTarget(f"{h.name}: deployer_port {h.port!r}: expected a port number, 1 to 65535")
+        raise BadTarget(f"{h.name}: port {h.port!r} (deployer_port, or a balancer's balancer_metrics_port): expected a "
+                        "port number, 1 to 65535")
     if not _LABEL.fullmatch(h.group):
         raise BadTarget(f"{h.name}: group {h.group!r}: expected a label value of letters, digits, _ . -")
     if not _HOST_LABEL.fullmatch(h.name):

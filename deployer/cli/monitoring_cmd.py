@@ -2,7 +2,6 @@
 (deployer/monitoring.py renders them; docs/monitoring.md says what they watch)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ import yaml
 from deployer import monitoring as mon
 from deployer.cli.targets import Host, Inventory, Key, Port, Sandbox, Target, User, die
 from deployer.events import Exit
+from deployer.host.module_utils.host_io import write_atomic
 from deployer.output import lit, out
 
 ROLES = Path(__file__).resolve().parents[2] / "roles"
@@ -69,9 +69,6 @@ def monitoring(out_dir: Annotated[Path, typer.Option(
         die(Exit.USAGE, f"--out {out_dir}: exists and is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        tmp = out_dir / f".{name}.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.chmod(0o644)
-        tmp.replace(out_dir / name)
+        write_atomic(str(out_dir / name), text, 0o644)
     out.print(lit(f"wrote {out_dir}: prometheus.yml ({len(hosts)} host(s): node_exporter :{mon.NODE_EXPORTER_PORT} "
                   f"and the engines), {mon.RULES_NAME}, {mon.DASHBOARD.name} (Grafana)"), highlight=False)
