@@ -36,13 +36,6 @@ def sandbox():
     yield from sandbox_hosts(1, package_cache=False)   # installs nothing: no package cache to link
 
 
-@pytest.fixture
-def prom(sandbox, tmp_path):
-    """A real Prometheus for one test (it scrapes twice a second: none outlives its test)."""
-    from prom_helpers import prometheus
-    with prometheus(tmp_path) as p:
-        yield p
-
 
 def test_00_a_first_deploy_that_fails_leaves_the_server_stopped():
     knobs(crash_phase="kv_cache", load_seconds=3)

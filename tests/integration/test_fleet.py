@@ -31,13 +31,6 @@ def fleet():
     yield from fleet_hosts()
 
 
-@pytest.fixture
-def prom(fleet, tmp_path):
-    """A real Prometheus for one test (it scrapes twice a second: none outlives its test)."""
-    from prom_helpers import prometheus
-    with prometheus(tmp_path) as p:
-        yield p
-
 
 # First, while every host runs the fixture's release: the drained-host tests and a restart of the live release.
 def test_a_host_whose_rollback_fails_too_stays_drained_and_the_next_up_puts_it_back():

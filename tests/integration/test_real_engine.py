@@ -25,13 +25,6 @@ def sandbox():
                              package_cache=(f"{real_engine.PACKAGE}-{real_engine.VERSION}",))
 
 
-@pytest.fixture
-def prom(sandbox, tmp_path):
-    """A real Prometheus for one test (it scrapes twice a second: none outlives its test)."""
-    from prom_helpers import prometheus
-    with prometheus(tmp_path) as p:
-        yield p
-
 
 def up(*args):
     return deployer("up", "--sandbox", *args)

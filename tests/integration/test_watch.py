@@ -19,13 +19,6 @@ def sandbox():
         yield sb
 
 
-@pytest.fixture
-def prom(sandbox, tmp_path):
-    """A real Prometheus for one test (it scrapes twice a second: none outlives its test)."""
-    from prom_helpers import prometheus
-    with prometheus(tmp_path) as p:
-        yield p
-
 
 def test_second_deploy_shows_eta_and_json_phases():
     r = up("-e", "deployer_max_model_len=65536", "--json", *FAST)
