@@ -62,7 +62,8 @@ def monitoring(out_dir: Annotated[Path, typer.Option(
         hosts = inventory_hosts(path)
         if not hosts:
             die(Exit.USAGE, f"{path}: no host in group {mon.TARGET_GROUP!r}")
-        files = mon.render(hosts, scrape_interval_seconds, balancers=inventory_hosts(path, mon.BALANCER_GROUP))
+        balancers = inventory_hosts(path, mon.BALANCER_GROUP)
+        files = mon.render(hosts, scrape_interval_seconds, balancers=balancers)
     except mon.BadTarget as e:
         die(Exit.USAGE, f"inventory: {e}")
     if out_dir.exists() and not out_dir.is_dir():
@@ -70,5 +71,6 @@ def monitoring(out_dir: Annotated[Path, typer.Option(
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         write_atomic(str(out_dir / name), text, 0o644)
-    out.print(lit(f"wrote {out_dir}: prometheus.yml ({len(hosts)} host(s): node_exporter :{mon.NODE_EXPORTER_PORT} "
-                  f"and the engines), {mon.RULES_NAME}, {mon.DASHBOARD.name} (Grafana)"), highlight=False)
+    out.print(lit(f"wrote {out_dir}"), highlight=False)          # one line each: a long path never widens the next
+    out.print(lit(f"prometheus.yml ({len(hosts)} GPU host(s), {len(balancers)} balancer(s)), {mon.RULES_NAME}, "
+                  f"{mon.DASHBOARD.name}"), highlight=False)
