@@ -36,6 +36,9 @@ def settings() -> dict:
         # (tests/fixtures/real-cpu, tests/unit/test_real_engine_replay.py), the suite's time by this
         "deployer_extra_args": ["--limit-mm-per-prompt", '{"vision_chunk": 0}', "--enforce-eager"],
         "deployer_restart_delay_seconds": 5,       # a crash is seen restarted within a test's patience
+        # the tiny model answers its token 0 ("hello") at every step by construction (real_checkpoint.py: that is
+        # what makes every EAGLE-3 draft accepted): language to no one, so the smoke's shape check is off here
+        "smoke_degenerate_check": False,
     }
 
 

@@ -101,6 +101,19 @@ tokens_per_second:
     drafter gains or costs shows here), null without tokens.
   returned: always
   type: float
+text:
+  description: The greedy answer's text, its content without C(<think>) blocks, else its reasoning (empty when none).
+  returned: always
+  type: str
+from_reasoning:
+  description: Whether I(text) is the reasoning (vLLM's C(reasoning), SGLang's C(reasoning_content)), not the content.
+  returned: always
+  type: bool
+degenerate:
+  description: Why I(text) has the shape of a broken kernel and not of language (empty, one word or character
+    repeated, replacement characters; module_utils answer_shape), empty when it has none.
+  returned: always
+  type: str
 sampled:
   description: The sampled request's HTTP status, its completion tokens (the usage's count) and why there was no
     answer; null when I(sampled_temperature) is 0.
@@ -111,6 +124,7 @@ sampled:
 import json
 import time
 
+from ansible.module_utils.answer_shape import answer_text, degenerate
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
@@ -171,6 +185,8 @@ def main():
     after = _get(base + "/metrics", p["timeout_seconds"])
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
+    choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+    text, from_reasoning = answer_text((choices[0] if choices and isinstance(choices[0], dict) else {}).get("message"))
     sampled = None
     if p["sampled_temperature"] > 0:
         s_status, s_data, s_error = _chat(base + "/v1/chat/completions",
@@ -180,6 +196,7 @@ def main():
         sampled = dict(status=s_status, completion_tokens=tokens if isinstance(tokens, int) else 0,
                        error=s_error or (str(s_data.get("error"))[:300] if s_data.get("error") else ""))
     m.exit_json(changed=False, status=status, json=data, error=error, metrics_before=before, metrics_after=after,
+                text=text, from_reasoning=from_reasoning, degenerate=degenerate(text) if status == 200 else "",
                 sampled=sampled, seconds=seconds, completion_tokens=completion,
                 tokens_per_second=round(completion / seconds, 1) if seconds > 0 and completion else None)
 
