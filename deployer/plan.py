@@ -10,7 +10,8 @@ vllm_version        the pinned vLLM release (None for SGLang)
 venv, python        ``<root>/venvs/vllm-<version>-p<engine>`` when patched (one venv per vLLM version AND patch
                     engine: a changed engine gets a new venv, so a rollback runs exactly the code its release
                     was verified with); ``<root>/venvs/vllm-<version>`` is the pristine wheel (patches off);
-                    ``<root>/venvs/sglang-<version>`` for SGLang (never patched)
+                    ``<root>/venvs/sglang-<version>`` for SGLang (never patched); ``-x<hash>`` after it when the
+                    install pins packages of its own (venv_suffix)
 patch_state         "present" (apply what this vLLM needs) or "absent" (also every SGLang plan)
 credentials         files systemd hands the service (LoadCredential=): {name: file in the live secrets dir};
                     SGLang's API key lives there (it has no environment variable for it, and argv is world-readable)
@@ -47,6 +48,7 @@ server_cache_dirs   the folders of server_cache the environment names (the engin
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import posixpath
 import re
@@ -124,6 +126,17 @@ def _need(s: dict, key: str) -> Any:
     return s[key]
 
 
+def venv_suffix(packages) -> str:
+    """What the install's own pins (install_overrides, install_extra_packages) add to the venv's name: nothing without
+    any, else ``-x`` and 8 hex digits of them (order aside).  A changed pin is a new venv; the live release's venv,
+    which a rollback runs, is never reinstalled under it."""
+    if not packages:
+        return ""
+    if not isinstance(packages, list) or not all(isinstance(p, str) for p in packages):
+        raise PlanError(f"install_overrides / install_extra_packages: got {packages!r}, expected lists of strings")
+    return "-x" + hashlib.sha256("\n".join(sorted(set(packages))).encode()).hexdigest()[:8]
+
+
 def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     """``settings``: the ``deployer_*`` variables without the prefix (see roles/deployer/defaults)."""
     s = dict(settings)
@@ -156,6 +169,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
     except engines.EngineError as e:
         raise PlanError(str(e)) from e
     venv, patched = eng.venv(s, root, version)
+    venv += venv_suffix(s.get("install_packages"))
     service = str(_need(s, "service_name"))
     if not _SERVICE_RE.fullmatch(service):
         raise PlanError(f"service_name: got {service!r}, expected a unit name without .service: a letter or digit "

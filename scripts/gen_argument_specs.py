@@ -90,6 +90,10 @@ def settings_vars():
     for name, default, _desc, _choices in vars_:
         if name.startswith("deployer_"):
             lines.append(f'  {name[len("deployer_"):]}: "{{{{ {name}{FILTERS.get(type(default), "")} }}}}"')
+    # the install role's package pins name the venv (plan.py): a changed pin is a new venv, never the live one
+    # reinstalled; set in the inventory or not at all (the install role's defaults are [] and out of scope here)
+    lines.append('  install_packages: "{{ (install_overrides | default([])) + (install_extra_packages | default([]))'
+                 ' }}"')
     return "\n".join(lines) + "\n"
 
 

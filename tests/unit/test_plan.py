@@ -253,3 +253,21 @@ def test_a_release_the_measured_matrix_refuses_is_refused_before_anything_is_ins
     assert "deployer_vllm_version" in msg and msg.count("vLLM 0.40.0") == 1, msg
     assert make_plan(settings(vllm_version="0.16.0"), DRAFTER)["vllm_version"] == "0.16.0"
     assert make_plan(settings(vllm_version="0.41.0"), DRAFTER)["vllm_version"] == "0.41.0"   # not measured
+
+
+def test_the_installs_own_pins_name_the_venv_so_a_changed_pin_never_reinstalls_the_live_one():
+    """install_overrides / install_extra_packages were not in the venv's name: a changed override found the old venv
+    complete and installed nothing (issue 55).  No pins: the name (and the golden release ids) as before."""
+    drafter = {"src": "/d", "files": [], "tree_sha256": "0" * 64, "bytes": 0}
+    plain = make_plan(settings(), drafter)["venv"]
+    a = make_plan(settings(install_packages=["torch==2.13.0"]), drafter)
+    b = make_plan(settings(install_packages=["torch==2.12.0"]), drafter)
+    assert make_plan(settings(install_packages=[]), drafter)["venv"] == plain
+    assert a["venv"].startswith(plain + "-x") and len(a["venv"]) == len(plain) + 10
+    assert a["venv"] != b["venv"] and a["python"] == a["venv"] + "/bin/python"
+    assert a["venv"] in " ".join(a["argv"]) and identity.release_id(a, None) != identity.release_id(b, None)
+    two = ["torch==2.13.0", "flashinfer-cubin==0.6.9"]
+    assert make_plan(settings(install_packages=two), drafter)["venv"] == \
+        make_plan(settings(install_packages=two[::-1]), drafter)["venv"]
+    with pytest.raises(PlanError, match="install_overrides / install_extra_packages"):
+        make_plan(settings(install_packages="torch==2.13.0"), drafter)

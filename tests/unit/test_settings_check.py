@@ -1,5 +1,11 @@
 """Typos in setting names are refused with a did-you-mean (deployer/settings_check.py)."""
+from pathlib import Path
+
+import yaml
+
 from deployer.settings_check import known, unknown
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_typos_are_named_with_the_closest_setting():
@@ -67,9 +73,21 @@ def test_values_of_the_wrong_type_or_outside_the_choices_are_named_with_what_is_
                     "ansible_user": 3}) == [
         "deployer_gpu_memory_utilization: got 'lots'; expected float",
         "deployer_port: got 'http'; expected int",
-        "deployer_safetensors_load_strategy: got 'fast'; expected str; allowed: '', 'lazy', 'eager', 'torchao'"]
+        "deployer_safetensors_load_strategy: got 'fast'; expected str; allowed: '', 'lazy', 'eager', 'torchao', "
+        "'prefetch'"]
     # converted as Ansible does
     assert invalid({"deployer_gpu_memory_utilization": 0.9, "deployer_port": "8000"}) == []
+
+
+def test_a_settings_choices_are_the_values_the_engines_argv_builder_takes():
+    """`-e deployer_safetensors_load_strategy=prefetch` was refused by a hand-kept choice list although the argv
+    builder took it (issue 55): the spec's list is checked against the code that takes the value."""
+    from deployer.engines.vllm_argv import LOAD_STRATEGIES
+    spec = yaml.safe_load((ROOT / "roles/deployer/meta/argument_specs.yml").read_text())
+    opts = spec["argument_specs"]["main"]["options"]
+    with_choices = {k: v["choices"] for k, v in opts.items() if "choices" in v}
+    assert with_choices == {"deployer_safetensors_load_strategy": ["", *LOAD_STRATEGIES]}
+    assert invalid({"deployer_safetensors_load_strategy": "prefetch"}) == []
 
 
 def test_an_argument_spec_failure_from_the_inventory_is_a_refusal_not_a_failed_deploy():
