@@ -37,8 +37,9 @@ apt_deps() {
   # run-time toolchain the verify stage checks for (Triton's C compiler and Python.h; FlashInfer's c++ under SGLang),
   # which the sandbox's hosts take from this machine's file system; prometheus (its promtool checks and tests the alert
   # rules, its server the monitoring test) and prometheus-node-exporter (the sandbox hosts' node_exporter, which
-  # serves the state keeper's deployer.prom), Debian's own
-  for p in openssh-server openssh-client rsync systemd-container iproute2 python3 python3-venv cron curl util-linux haproxy sudo gcc g++ python3-dev prometheus prometheus-node-exporter; do
+  # serves the state keeper's deployer.prom); systemd-journal-remote (writes the kernel's Xid lines a rehearsal puts in a
+  # sandbox host's journal: sandbox/hosts.py kernel_xids), Debian's own
+  for p in openssh-server openssh-client rsync systemd-container systemd-journal-remote iproute2 python3 python3-venv cron curl util-linux haproxy sudo gcc g++ python3-dev prometheus prometheus-node-exporter; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
   done
   if [ ${#need[@]} -gt 0 ]; then

@@ -366,8 +366,39 @@ def copy_to(h: str, src: Path | str, dest: str, mode: str = "0755") -> None:
     ssh(h, f"chmod {mode} {dest}")
 
 
+# What the kernel says when a GPU logs an Xid (NVIDIA's driver, "NVRM: Xid (PCI:dddd:bb:dd): N, pid=..., name=...,
+# text"); the sandbox's fake GPU i sits at PCI bus 0x18 + i (nvidia_smi.py)
+XID_TEXT = {79: "GPU has fallen off the bus.", 119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+            48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
+            13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address"}
+KERNEL_JOURNAL = "remote-sandbox-kernel.journal"
+
+
+def kernel_xids(h: str, xid: dict) -> None:
+    """Make the host's kernel log (``journalctl -k -b``, read as on a real host) hold an Xid line for each GPU index
+    and number in ``xid`` ({"3": [79]}), or nothing of ours when it is empty.  A container's kernel messages are the
+    host's, so the lines go into a journal file of their own beside the host's journal, written by
+    systemd-journal-remote with the kernel's transport and this boot's id (journalctl merges the files it finds)."""
+    entries = []
+    for gpu, numbers in sorted((xid or {}).items()):
+        for n in numbers:
+            entries.append(f"NVRM: Xid (PCI:0000:{0x18 + int(gpu):02x}:00): {int(n)}, pid=4242, name=python3, "
+                           + XID_TEXT.get(int(n), "sandbox Xid."))
+    journal = f'/var/log/journal/"$(cat /etc/machine-id)"/{KERNEL_JOURNAL}'
+    if not entries:
+        ssh(h, f"rm -f {journal}")
+        return
+    export = "".join(f"__REALTIME_TIMESTAMP=@NOW@\n__MONOTONIC_TIMESTAMP={1000000 + i}\n_BOOT_ID=@BOOT@\n"
+                     f"_TRANSPORT=kernel\nSYSLOG_IDENTIFIER=kernel\nPRIORITY=3\nMESSAGE={line}\n\n"
+                     for i, line in enumerate(entries))
+    ssh(h, f"rm -f {journal}; boot=$(tr -d - < /proc/sys/kernel/random/boot_id); now=$(date +%s%6N); "
+           f"sed -e \"s/@NOW@/$now/\" -e \"s/@BOOT@/$boot/\" <<'EOF' | "
+           f"/lib/systemd/systemd-journal-remote --split-mode=none --output={journal} - 2>/dev/null\n{export}EOF")
+
+
 def set_knobs(h: str, gpus: dict | None = None, standin: dict | None = None) -> None:
     if gpus is not None:
         ssh(h, f"cat > {KNOBS_DIR}/gpus.json <<'EOF'\n{json.dumps(gpus)}\nEOF")
+        kernel_xids(h, gpus.get("xid") or {})
     if standin is not None:
         ssh(h, f"cat > {KNOBS_DIR}/standin.json <<'EOF'\n{json.dumps(standin)}\nEOF")

@@ -6,10 +6,15 @@ Answers the queries the deployer makes, in nvidia-smi's CSV format:
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits
   nvidia-smi -L
   nvidia-smi topo -p2p r      (the P2P read status matrix; "p2p": {"i,j": "CNS", ...} marks pairs not OK)
+  nvidia-smi --query-gpu=index,pci.bus_id,temperature.gpu,...,reset_status.reset_required --format=csv,noheader,nounits
+                              (the health fields module_utils gpu_health reads)
 The GPU set comes from /etc/deployer-sandbox/gpus.json ({"count", "name", "memory_mib",
 "driver", "used_mib" and "mig" (one value, or a list per GPU), "driver_loaded"}), so tests can
 rehearse a host with 7 GPUs, an old driver, busy GPUs, a GPU in MIG mode, or a driver that is not loaded
-(nvidia-smi's own message and exit code 9, as after a kernel update without a reboot).
+(nvidia-smi's own message and exit code 9, as after a kernel update without a reboot).  Health, per GPU index:
+"reset_required", "remapped_rows_pending", "remapped_rows_failure", "thermal_slowdown" (lists of indexes),
+"temperature_c", "pcie_width", "ecc_uncorrected" ({"3": value}); "xid" ({"3": [79]}) is the kernel's log, which
+hosts.set_knobs writes into the host's journal.  A field it does not know is refused as nvidia-smi refuses one.
 """
 import json
 import sys
@@ -43,8 +48,33 @@ def mig(c, i):
     return m[i] if isinstance(m, list) and i < len(m) else ("Disabled" if isinstance(m, list) else m)
 
 
+def per_gpu(c, key, i, default):
+    """A knob given per GPU index: {"3": value} (else ``default``), or a list of the indexes it is true for."""
+    v = c.get(key)
+    if isinstance(v, list):
+        return i in v
+    return (v or {}).get(str(i), default)
+
+
 def field(c, i, name, units):
     mib = "" if units else " MiB"
+    yes = {True: "Yes", False: "No"}
+    active = {True: "Active", False: "Not Active"}
+    health = {
+        "temperature.gpu": str(per_gpu(c, "temperature_c", i, 41)),
+        "clocks_event_reasons.hw_thermal_slowdown": active[per_gpu(c, "thermal_slowdown", i, False) is True],
+        "clocks_event_reasons.sw_thermal_slowdown": "Not Active",
+        "clocks_event_reasons.hw_power_brake_slowdown": "Not Active",
+        "pcie.link.width.current": str(per_gpu(c, "pcie_width", i, 16)), "pcie.link.width.max": "16",
+        "pcie.link.gen.max": "5", "pcie.link.gen.gpumax": "5",
+        "ecc.errors.uncorrected.volatile.total": str(per_gpu(c, "ecc_uncorrected", i, 0)),
+        "remapped_rows.pending": yes[per_gpu(c, "remapped_rows_pending", i, False) is True],
+        "remapped_rows.failure": yes[per_gpu(c, "remapped_rows_failure", i, False) is True],
+        "reset_status.reset_required": yes[per_gpu(c, "reset_required", i, False) is True],
+        "gpu_recovery_action": "None",
+    }
+    if name in health:
+        return health[name]
     return {
         "index": str(i), "name": c["name"], "driver_version": c["driver"],
         "memory.total": "%d%s" % (c["memory_mib"], mib), "memory.used": "%d%s" % (used(c, i), mib),
@@ -97,6 +127,12 @@ def main(argv):
         print("No devices were found")
         return 6
     names = [n.strip() for n in q[0].split(",")]
+    for n in names:
+        try:
+            field(c, 0, n, True)
+        except KeyError:
+            print('Field "%s" is not a valid field to query.' % n)    # and nothing else, as the real one
+            return 2
     opts = fmt[0].split(",") if fmt else ["csv"]
     units = "nounits" in opts
     if "noheader" not in opts:

@@ -173,6 +173,35 @@ def test_the_gpu_canary_refuses_before_the_restart(gpus, extra, expect):
     assert sh(H, "pgrep -f '[c]anary_rank' || true") == ""       # no rank left behind
 
 
+@pytest.mark.parametrize("gpus,expect", [
+    ({"xid": {"3": [79], "1": [13]}, "pcie_width": {"6": 8}},
+     "GPU health: GPU 3: the GPU fell off the bus (Xid 79 at PCI 0000:1b:00 since boot: pid=4242, name=python3, GPU "
+     "has fallen off the bus.): reboot the host; if it comes back, reseat the card and check its power; expected none"),
+    ({"reset_required": [5]}, "GPU health: GPU 5: the driver says the GPU needs a reset "
+                              "(reset_status.reset_required: Yes): nvidia-smi -r -i 5 with nothing running on it"),
+    ({"remapped_rows_pending": [2]}, "GPU health: GPU 2: a memory row remapping is pending"),
+    ({"ecc_uncorrected": {"4": 3}}, "GPU health: GPU 4: uncorrected ECC errors since the driver loaded"),
+    ({"temperature_c": {"1": 93}}, "GPU health: GPU 1: the GPU is at 93 C before the load"),
+], ids=["xid-79", "reset-required", "row-remapping-pending", "uncorrected-ecc", "too-hot"])
+def test_a_gpu_the_driver_has_given_up_on_is_refused_before_the_restart(gpus, expect):
+    """Issue 55: a 25-minute load on a GPU that logged Xid 79, needs a reset, has a row remapping pending, uncorrected
+    ECC errors or is at 90 C is lost.  Read from the host's own kernel log (journalctl -k -b) and nvidia-smi's fields,
+    refused in the preflight (exit 3) naming the GPU, the evidence and what to do; the server is not touched."""
+    live, pid = sh(H, "readlink /opt/deployer/current"), main_pid(H)
+    set_knobs(H, gpus=gpus)
+    try:
+        r = up("-e", "deployer_gpu_memory_utilization=0.9539", *FAST)
+    finally:
+        set_knobs(H, gpus={})
+    out = flat(r.stdout + r.stderr)
+    assert r.returncode == 3, out[-3000:]
+    assert expect in out, out[-3000:]
+    if "xid" in gpus:     # an application's own Xid (13) is not the GPU's; what only slows the load is said
+        assert "Xid 13" not in out and "GPU 6: PCIe link x8 of x16" in out, out[-3000:]
+    assert sh(H, "readlink /opt/deployer/current") == live and main_pid(H) == pid
+    assert sh(H, "journalctl -k -b -o cat | grep -c 'NVRM: Xid' || true") == "0"     # the rehearsal's lines gone
+
+
 # What an engine or a model may print: Rich markup that does not close, a tensor-parallel prefix, terminal escapes
 # (clear the screen, set the title, a clipboard write), a fake success line.
 HOSTILE = ("weights at [/models/kimi] [/INST] [/] [rank0]: \x1b]0;owned\x1b\\\x1b[2J\x1b[1;32mdeploy OK\x1b[0m "

@@ -48,6 +48,12 @@ options:
     type: list
     elements: path
     default: []
+  gpu_health_since_epoch:
+    description:
+      - With I(model_dir), read the kernel's NVIDIA Xid events from this time (seconds since the epoch; 0 = since
+        boot).  After a GPU reset the boot's old events stay in the log.
+    type: int
+    default: 0
 attributes:
   check_mode:
     support: full
@@ -70,6 +76,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+gpu_health:
+  description:
+    - Each GPU's health for a long load (module_utils gpu_health), C(refusals) and C(warnings) lists of
+      C({gpu, what, evidence, action}), C(notes) about what could not be read.
+  returned: with model_dir
+  type: dict
 smi:
   description: nvidia-smi's answer to the GPU query (rc, stdout, stderr, msg when it could not run).
   returned: with model_dir
@@ -178,6 +190,8 @@ import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_health import judge
+from ansible.module_utils.gpu_health import read as read_gpu_health
 from ansible.module_utils.host_io import deployer_units, nvidia_devices
 from ansible.module_utils.pci_acs import acs_report
 from ansible.module_utils.safetensors_header import check_shards
@@ -341,6 +355,7 @@ def main():
         stat_paths=dict(type="list", elements="path", default=[]),
         df_paths=dict(type="list", elements="path", default=[]),
         read_files=dict(type="list", elements="path", default=[]),
+        gpu_health_since_epoch=dict(type="int", default=0),
     ), required_together=[("model_dir", "port", "service_name", "service_user")], supports_check_mode=True)
     p = m.params
     res = dict(changed=False, exists=dict((x, os.path.exists(x)) for x in p["stat_paths"]),
@@ -362,7 +377,10 @@ def main():
             entry = None
         user_exists = entry is not None
         others = [n for n in (deployer_units(p["deploy_root"]) if p["deploy_root"] else []) if n != p["service_name"]]
+        rows, events, notes = read_gpu_health(p["gpu_health_since_epoch"])
+        refusals, warnings = judge(rows, events)
         res.update(
+            gpu_health=dict(refusals=refusals, warnings=warnings, notes=notes),
             retire_units=[dict(name=n, active=run(["systemctl", "is-active", n])["stdout"].strip()) for n in others],
             smi=run(SMI_QUERY),
             service_active=run(["systemctl", "is-active", p["service_name"]])["stdout"].strip(),
