@@ -15,6 +15,48 @@ P2P_HINT = ("every rank joined and the all-reduce never finished: PCIe peer-to-p
             "deployer_env_extra rules it in or out")
 
 
+# systemd's own exit statuses (systemd.exec(5), "Process Exit Codes", systemd 252): the service manager could not set
+# up the process (its cgroup, user, namespaces, ...) and the canary never ran.  Not the GPUs' verdict: the command is
+# tried once more (roles/canary/tasks/run.yml), then refused with systemd's reason, which the server's own unit (the
+# same properties) would meet too.
+SYSTEMD_EXIT = {
+    200: ("CHDIR", "changing to the working directory failed"), 201: ("NICE", "setting the nice level failed"),
+    202: ("FDS", "closing or passing file descriptors failed"), 203: ("EXEC", "execve failed (a missing program?)"),
+    204: ("MEMORY", "memory shortage"), 205: ("LIMITS", "adjusting resource limits failed (Limit*=)"),
+    206: ("OOM_ADJUST", "adjusting the OOM score failed"), 207: ("SIGNAL_MASK", "setting the signal mask failed"),
+    208: ("STDIN", "setting up standard input failed"), 209: ("STDOUT", "setting up standard output failed"),
+    210: ("CHROOT", "changing the root directory failed"), 211: ("IOPRIO", "setting the IO priority failed"),
+    212: ("TIMERSLACK", "setting the timer slack failed"), 213: ("SECUREBITS", "setting the secure bits failed"),
+    214: ("SETSCHEDULER", "setting up CPU scheduling failed"), 215: ("CPUAFFINITY", "setting CPU affinity failed"),
+    216: ("GROUP", "determining or changing the group failed"),
+    217: ("USER", "determining or changing the user failed (User=)"),
+    218: ("CAPABILITIES", "dropping capabilities failed"),
+    219: ("CGROUP", "setting up the service's control group failed"),
+    220: ("SETSID", "creating a session failed"), 221: ("CONFIRM", "cancelled at the console"),
+    222: ("STDERR", "setting up standard error failed"), 224: ("PAM", "setting up the PAM session failed"),
+    225: ("NETWORK", "setting up network namespacing failed"),
+    226: ("NAMESPACE", "setting up mount namespacing failed (ReadOnlyPaths=, ProtectSystem=, ...)"),
+    227: ("NO_NEW_PRIVILEGES", "disabling new privileges failed"),
+    228: ("SECCOMP", "applying the system call filter failed"), 229: ("SELINUX_CONTEXT", "the SELinux context"),
+    230: ("PERSONALITY", "setting the personality failed"), 231: ("APPARMOR_PROFILE", "the AppArmor profile"),
+    232: ("ADDRESS_FAMILIES", "restricting address families failed"),
+    233: ("RUNTIME_DIRECTORY", "setting up the runtime directory failed"), 235: ("CHOWN", "socket ownership"),
+    236: ("SMACK_PROCESS_LABEL", "the SMACK label"), 237: ("KEYRING", "setting up the kernel keyring failed"),
+    238: ("STATE_DIRECTORY", "the state directory"), 239: ("CACHE_DIRECTORY", "the cache directory"),
+    240: ("LOGS_DIRECTORY", "the logs directory"), 241: ("CONFIGURATION_DIRECTORY", "the configuration directory"),
+    242: ("NUMA_POLICY", "the NUMA policy"), 243: ("CREDENTIALS", "setting up credentials failed (LoadCredential=)"),
+    245: ("BPF", "applying BPF restrictions failed"),
+}
+
+
+def systemd_failure(rc) -> str:
+    """``EXIT_CGROUP (219): setting up the service's control group failed``, or "" for an exit of the canary's own."""
+    if not isinstance(rc, int) or rc not in SYSTEMD_EXIT:
+        return ""
+    name, what = SYSTEMD_EXIT[rc]
+    return f"EXIT_{name} ({rc}): {what}"
+
+
 def _first_line(text) -> str:
     return (str(text or "").strip().splitlines() or [""])[0][:300]
 
@@ -32,6 +74,11 @@ def verdict(report: dict | None, world: int, rc: int | None = None, stderr: str 
     """{"ok", "not_run", "refusal", "summary", "measured"}: ``refusal`` None when the deploy may go on."""
     out = {"ok": False, "not_run": None, "refusal": None, "summary": "", "measured": {}}
     if not isinstance(report, dict) or not isinstance(report.get("ranks"), list):
+        if systemd_failure(rc):
+            out["refusal"] = (f"systemd could not start the canary's process, twice: {systemd_failure(rc)} "
+                              f"({_last_line(stderr) or 'no output'}); not the GPUs' verdict: the server's unit has "
+                              "the same properties and would meet it too (journalctl -b -u 'run-*' says more)")
+            return out
         out["refusal"] = (f"the GPU canary printed no report (exit {rc}): {_last_line(stderr) or 'no output'}; "
                           "expected one line starting DEPLOYER-CANARY")
         return out

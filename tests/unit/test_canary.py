@@ -120,10 +120,22 @@ def test_a_failed_release_kernel_and_a_failed_triton_refuse():
 
 
 def test_no_report_and_a_wrong_rank_count_refuse():
-    assert canary.judge({"rc": 217, "stdout": "", "stderr": "Failed to start transient service unit: boom\n"}, 8)[
-        "refusal"] == ("the GPU canary printed no report (exit 217): Failed to start transient service unit: boom; "
+    assert canary.judge({"rc": 1, "stdout": "", "stderr": "Failed to start transient service unit: boom\n"}, 8)[
+        "refusal"] == ("the GPU canary printed no report (exit 1): Failed to start transient service unit: boom; "
                        "expected one line starting DEPLOYER-CANARY")
     assert canary.verdict(_report(world=2), 8)["refusal"].startswith("the GPU canary ran 2 ranks, expected 8")
+
+
+def test_systemds_own_exit_status_is_named_as_systemds_not_the_canarys():
+    """Issue 55: a deploy was refused with "the canary printed no report (exit 219): no output" - 219 is systemd's
+    EXIT_CGROUP (systemd.exec(5)): the canary never ran.  The run is tried once more (roles/canary/tasks/run.yml);
+    then systemd's reason is given, not a verdict on the GPUs."""
+    v = canary.judge({"rc": 219, "stdout": "", "stderr": ""}, 8)
+    assert v["refusal"] == ("systemd could not start the canary's process, twice: EXIT_CGROUP (219): setting up the "
+                            "service's control group failed (no output); not the GPUs' verdict: the server's unit "
+                            "has the same properties and would meet it too (journalctl -b -u 'run-*' says more)")
+    assert canary.systemd_failure(217) == "EXIT_USER (217): determining or changing the user failed (User=)"
+    assert canary.systemd_failure(1) == canary.systemd_failure(223) == canary.systemd_failure(None) == ""
 
 
 def test_the_canary_runs_with_the_units_own_lines_but_how_systemd_starts_and_logs_it():
