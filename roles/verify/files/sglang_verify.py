@@ -57,6 +57,8 @@ def main():
                     "(vllm_verify.py keeps vLLM's model-registry answers)")
     ap.add_argument("--compute-cap", action="append", default=[], help="accepted for the role's sake: SGLang's "
                     "attention backends on sm_120 are refused by the preflight (engines/sglang_argv.py)")
+    ap.add_argument("--env-name", action="append", default=[], help="accepted for the role's sake: SGLang keeps no "
+                    "table of the variables it reads to hold the unit's names to")
     a = ap.parse_args()
     if a.extra_args and not a.managed_dests:
         ap.error("--extra-args without --managed-dest: nothing to hold the extra words to")

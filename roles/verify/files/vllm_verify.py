@@ -124,6 +124,22 @@ def backend_runs_on(name, caps):
     return {"backend": name, "class": cls.__name__, "compute_caps": verdict}
 
 
+def env_problems(names, known, removed):
+    """Why the release would not take these environment variables (the unit's own, by name), as its own
+    ``vllm/envs.py`` says: one it removed (from 0.34 a set one is a start failure; vLLM's hint with it), or one it
+    reads no such variable of (a typo, or gone: ``VLLM_USE_V2_MODEL_RUNNER`` in 0.34).  Only ``VLLM_*`` names are
+    judged; ``known`` empty (a release without the table) judges none as unknown."""
+    out = []
+    for name in sorted(set(names)):
+        if not name.startswith("VLLM_"):
+            continue
+        if name in removed:
+            out.append("%s: this release removed it and refuses to start with it set (%s)" % (name, removed[name]))
+        elif known and name not in known:
+            out.append("%s: this release reads no such variable (a typo, or one it no longer has)" % name)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--argv-json", required=True, help="file with the rendered argv (launcher first)")
@@ -141,6 +157,8 @@ def main():
     ap.add_argument("--compute-cap", action="append", default=[],
                     help="a compute capability of the host's GPUs (nvidia-smi: 12.0); an attention backend the "
                     "launch names is asked whether it runs there (repeatable)")
+    ap.add_argument("--env-name", action="append", default=[], dest="env_names",
+                    help="the name of a variable the server's unit sets (repeatable; values never come here)")
     a = ap.parse_args()
     if a.extra_args and not a.managed_dests:
         ap.error("--extra-args without --managed-dest: nothing to hold the extra words to")
@@ -190,6 +208,16 @@ def main():
         report["platform"] = "%s (auto)" % (type(resolved).__name__,)
     import vllm
     report["vllm_version"] = vllm.__version__
+
+    if a.env_names:
+        def environment():
+            import vllm.envs as envs
+            bad = env_problems(a.env_names, set(getattr(envs, "environment_variables", None) or {}),
+                               dict(getattr(envs, "removed_environment_variables", None) or {}))
+            if bad:
+                raise ValueError("; ".join(bad))
+            return {"variables": sorted(n for n in a.env_names if n.startswith("VLLM_"))}
+        check("environment", environment)
 
     if spec and spec.get("method") == "eagle3":
         def eagle3():
