@@ -40,16 +40,29 @@ _KEEPER_UTILS = ("__init__", "host_state", "host_io", "journal_follow", "engine_
                  "root_causes")
 
 
+def _host_program(bin_dir: str, folder: str, script: Path, utils: tuple[str, ...]) -> tuple[str, dict[str, Path]]:
+    """A program root runs on the host from its own folder of root's bin/, with the host module_utils it imports
+    there under an ``ansible/module_utils`` package of its own: (folder, {path on the host: source here})."""
+    src = {script.name: script, "ansible/__init__.py": _REPO / "deployer" / "host" / "__init__.py"}
+    src.update({f"ansible/module_utils/{n}.py": _REPO / "deployer" / "host" / "module_utils" / f"{n}.py"
+                for n in utils})
+    d = f"{bin_dir}/{folder}"
+    return d, {f"{d}/{k}": v for k, v in src.items()}
+
+
 def state_keeper_files(bin_dir: str) -> tuple[str, dict[str, Path]]:
     """The keeper's folder on the host (root's bin/) and its files: {path on the host: source here}.  Not named by
     content and not a release input: a new keeper reaches a live host without a new release (the no-op check compares
     each file; the render stage writes them; the keeper restarts itself when its files change)."""
-    src = {"state_keeper.py": _REPO / "roles" / "render" / "files" / "state_keeper" / "state_keeper.py",
-           "ansible/__init__.py": _REPO / "deployer" / "host" / "__init__.py"}
-    src.update({f"ansible/module_utils/{n}.py": _REPO / "deployer" / "host" / "module_utils" / f"{n}.py"
-                for n in _KEEPER_UTILS})
-    d = f"{bin_dir}/state-keeper"
-    return d, {f"{d}/{k}": v for k, v in src.items()}
+    return _host_program(bin_dir, "state-keeper", _REPO / "roles" / "render" / "files" / "state_keeper" /
+                         "state_keeper.py", _KEEPER_UTILS)
+
+
+def gpu_gate_files(bin_dir: str) -> tuple[str, dict[str, Path]]:
+    """The GPU health gate systemd runs before every start of the engine (roles/render/files/gpu_gate/gpu_gate.py)
+    and the module_utils it imports: not a release input, as the keeper's."""
+    return _host_program(bin_dir, "gpu-gate", _REPO / "roles" / "render" / "files" / "gpu_gate" / "gpu_gate.py",
+                         ("__init__", "gpu_health"))
 
 
 def templates_hash() -> str:

@@ -74,6 +74,13 @@ def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, en
     if changed or (keeper and (probe.get("files_sha256") or {}).get(keeper["unit_path"]) != keeper_unit_sha256):
         reasons.append("the host's state keeper is missing or differs: %s" % (", ".join(changed[:3])
                                                                              or keeper.get("unit_path")))
+    gate = the_plan.get("gpu_gate") or {}
+    changed = [p for p, src in (gate.get("files") or {}).items()
+               if (probe.get("files_sha256") or {}).get(p) != _sha256_of(src)]
+    if changed or (gate and (probe.get("files_sha256") or {}).get(gate["dropin_path"]) !=
+                   hashlib.sha256(gate["dropin"].encode()).hexdigest()):
+        reasons.append("the GPU health gate is missing or differs: %s" % (", ".join(changed[:3])
+                                                                          or gate.get("dropin_path")))
     if (unit.get("ActiveState"), unit.get("SubState"), unit.get("NeedDaemonReload")) != ("active", "running", "no"):
         reasons.append("the server is {}/{}{}".format(unit.get("ActiveState"), unit.get("SubState"),
                                                      " (unit changed on disk)" if unit.get("NeedDaemonReload") == "yes"

@@ -57,7 +57,13 @@ from typing import Any
 from deployer import engines, versions
 from deployer.engines.argv import ServeConfigError, systemd_exec_quote
 from deployer.host.module_utils import formats
-from deployer.identity import api_guard_module, line_splitter_path, state_keeper_files, templates_hash
+from deployer.identity import (
+    api_guard_module,
+    gpu_gate_files,
+    line_splitter_path,
+    state_keeper_files,
+    templates_hash,
+)
 from deployer.live_secrets import live_secrets
 
 SECRET_KEYS = ("api_key", "hf_token")
@@ -75,6 +81,7 @@ class PlanError(ValueError):
 
 # The host's state keeper's unit (templates/state-keeper.service.j2): one per host, whatever the engine's unit is named
 KEEPER_UNIT = "deployer-state"
+GPU_GATE_DROPIN = "deployer-gpu-gate.conf"
 
 
 def is_loopback(host: str) -> bool:
@@ -248,6 +255,22 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         keeper = {"dir": kdir, "files": {k: str(v) for k, v in kfiles.items()}, "textfile_dir": textfile_dir,
                   "unit_path": f"/etc/systemd/system/{KEEPER_UNIT}.service", "unit": KEEPER_UNIT}
 
+    # the GPU health gate before every start (a drop-in: not a release input, so turning it on or off restarts nothing;
+    # off, the drop-in says so and runs nothing)
+    gdir, gfiles = gpu_gate_files(dirs["bin"])
+    since = s.get("gpu_health_since_epoch") or 0
+    if not isinstance(since, int) or isinstance(since, bool) or since < 0:
+        raise PlanError(f"preflight_gpu_health_since_epoch: got {since!r}, expected seconds since the epoch (0: since "
+                        "boot)")
+    gate = {"dir": gdir, "files": {k: str(v) for k, v in gfiles.items()},
+            "dropin_path": f"/etc/systemd/system/{service}.service.d/{GPU_GATE_DROPIN}",
+            "dropin": ("# Managed by deployer: the GPU health gate before every start of the engine "
+                       "(roles/render/files/gpu_gate).\n"
+                       + ("[Service]\nExecStartPre=+/usr/bin/python3 "
+                          + " ".join(systemd_exec_quote(w) for w in
+                                     ["-I", f"{gdir}/gpu_gate.py", "--service", service, "--since-epoch", str(since)])
+                          + "\n" if s.get("gpu_gate") else "# off (preflight_gpu_health: false)\n"))}
+
     probe = probe_host(bind)
     return with_devices({
         "backend": backend, "engine": eng.describe(version),
@@ -266,7 +289,7 @@ def make_plan(settings: dict, drafter_manifest: dict | None = None) -> dict:
         "port": s.get("port"), "served_model_name": s.get("served_model_name"), "model_dir": s.get("model_dir"),
         "speculative": speculative, "drafter": drafter, "argv": argv, "env": env,
         "draft_tokens_per_step": eng.draft_tokens_per_step(s) if speculative else 0,
-        "restart_delay_seconds": restart_delay, "dirs": dirs, "state_keeper": keeper,
+        "restart_delay_seconds": restart_delay, "dirs": dirs, "state_keeper": keeper, "gpu_gate": gate,
         # the caches the environment points into the server cache: the install stage makes them, the user's own
         "server_cache_dirs": _cache_dirs(sc, env.values()),
         "secrets": live_secrets(dirs, service),

@@ -94,6 +94,9 @@ def settings_vars():
     # reinstalled; set in the inventory or not at all (the install role's defaults are [] and out of scope here)
     lines.append('  install_packages: "{{ (install_overrides | default([])) + (install_extra_packages | default([]))'
                  ' }}"')
+    # the preflight's GPU health settings also make the gate before every start of the engine (plan.py gpu_gate)
+    lines.append('  gpu_gate: "{{ preflight_gpu_health | default(true) | bool }}"')
+    lines.append('  gpu_health_since_epoch: "{{ preflight_gpu_health_since_epoch | default(0) | int }}"')
     return "\n".join(lines) + "\n"
 
 

@@ -202,6 +202,33 @@ def test_a_gpu_the_driver_has_given_up_on_is_refused_before_the_restart(gpus, ex
     assert sh(H, "journalctl -k -b -o cat | grep -c 'NVRM: Xid' || true") == "0"     # the rehearsal's lines gone
 
 
+def test_a_gpu_that_dies_while_serving_is_not_restarted_into_and_status_names_it():
+    """Issue 55: a GPU that logs Xid 79 while the server runs; every start systemd then makes (its own restarts after a
+    crash, as this one) passes the GPU health gate first (the unit's drop-in, ExecStartPre=+): it refuses, stops the
+    unit instead of leaving it to restart into the dead GPU, and is the run's root cause in `status`."""
+    from sandbox_helpers import deployer
+    assert up(*FAST).returncode == 0                                 # the default release live (a no-op if it is)
+    set_knobs(H, gpus={"xid": {"3": [79]}})
+    try:
+        sh(H, f"systemctl restart {SVC} || true")
+        for _ in range(20):
+            state = sh(H, f"systemctl show -p ActiveState -p SubState {SVC}").split()
+            if "SubState=start-pre" not in state:
+                break
+            __import__("time").sleep(0.5)
+        # without the gate's stop systemd would wait RestartSec in auto-restart, then load again
+        assert state in (["ActiveState=inactive", "SubState=dead"], ["ActiveState=failed", "SubState=failed"]), state
+        text = sh(H, f"journalctl -u {SVC} -o cat --no-pager -n 30")
+        assert "deployer GPU gate: refused to start deployer-engine: GPU 3: the GPU fell off the bus (Xid 79 at PCI " \
+               "0000:1b:00 since boot: pid=4242, name=python3, GPU has fallen off the bus.): reboot the host" in text
+        st = json.loads(deployer("status", "--sandbox", "--json").stdout)[H]
+        assert st["last_fatal"]["kind"] == "gpu_unhealthy" and st["health"] != 200, st
+    finally:
+        set_knobs(H, gpus={})
+    r = up(*FAST)                                                    # the GPU back: the live release starts again
+    assert r.returncode == 0 and health() == "200", r.stdout + r.stderr
+
+
 # What an engine or a model may print: Rich markup that does not close, a tensor-parallel prefix, terminal escapes
 # (clear the screen, set the title, a clipboard write), a fake success line.
 HOSTILE = ("weights at [/models/kimi] [/INST] [/] [rank0]: \x1b]0;owned\x1b\\\x1b[2J\x1b[1;32mdeploy OK\x1b[0m "

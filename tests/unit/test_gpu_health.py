@@ -2,6 +2,7 @@
 each refusal class and warning from nvidia-smi's fields and the kernel's Xid lines, as the sandbox's nvidia-smi
 prints them (deployer/sandbox/nvidia_smi.py answers the same query)."""
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,33 @@ def test_the_sandbox_nvidia_smi_refuses_a_field_it_does_not_know_as_the_real_one
     nvidia_smi.conf = lambda: dict(nvidia_smi.DEFAULT)
     assert nvidia_smi.main(["--query-gpu=index,no.such.field", "--format=csv"]) == 2
     assert capsys.readouterr().out == 'Field "no.such.field" is not a valid field to query.\n'
+
+
+def test_the_gate_before_every_start_refuses_a_dead_gpu_stops_the_unit_and_is_the_runs_root_cause(monkeypatch,
+                                                                                                  capsys):
+    """The unit's drop-in runs roles/render/files/gpu_gate/gpu_gate.py (ExecStartPre=+) before every start systemd
+    makes: a GPU that logged Xid 79 while serving stops the crash loop instead of being restarted into."""
+    import importlib.util
+
+    from deployer.host.module_utils import root_causes
+    sys.modules.setdefault("ansible.module_utils.gpu_health", gpu_health)
+    path = Path(gpu_health.__file__).parents[3] / "roles/render/files/gpu_gate/gpu_gate.py"
+    spec = importlib.util.spec_from_file_location("gpu_gate", path)
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    ran = []
+    monkeypatch.setattr(gate.subprocess, "run", lambda argv, **kw: ran.append(argv))
+    monkeypatch.setattr(gate, "read", lambda since: (rows_of(capsys), [], []))
+    assert gate.main(["--service", "deployer-engine"]) == 0 and ran == []
+    events = xid_events(["NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=VLLM::Worker_TP3, GPU has fallen off the bus."])
+    seen = []
+    monkeypatch.setattr(gate, "read", lambda since: (seen.append(since) or rows_of(capsys), events, []))
+    assert gate.main(["--service", "deployer-engine", "--since-epoch", "1796670000"]) == 1 and seen == [1796670000]
+    assert ran == [["systemctl", "--no-block", "stop", "deployer-engine.service"]]
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["deployer GPU gate: refused to start deployer-engine: GPU 3: the GPU fell off the bus (Xid 79 at "
+                   "PCI 0000:1b:00 since boot: pid=1, name=VLLM::Worker_TP3, GPU has fallen off the bus.): reboot "
+                   "the host; if it comes back, reseat the card and check its power"]
+    kind, line = root_causes.root_cause(["INFO 12-07 Starting vLLM API server", *out])
+    assert kind == "gpu_unhealthy" and "GPU 3: the GPU fell off the bus" in line
+    assert "stopped instead of restarted" in root_causes.advice(kind, line)

@@ -96,8 +96,9 @@ import hashlib  # noqa: E402
 
 
 def _live(**over):
-    """A host where the planned release is live and healthy, as deployer_state's probe reports it."""
-    p = make_plan(settings(), DRAFTER)
+    """A host where the planned release is live and healthy, as deployer_state's probe reports it (the GPU gate on,
+    as roles/deployer/vars/main.yml passes preflight_gpu_health's default)."""
+    p = make_plan(settings(gpu_gate=True), DRAFTER)
     exp = noop.expected_release(p, {"probe": {"venv": {"installed": True, "state": "patched",
                                                           "fingerprint": "fp1", "patches": ["P1"]}}})
     state = {"lock": None, "current": exp["id"], "unit_sha256": "u", "probe": {
@@ -109,7 +110,11 @@ def _live(**over):
                          # the host's state keeper: its files as shipped, its unit as rendered ("k")
                          **{h: hashlib.sha256(open(src, "rb").read()).hexdigest()
                             for h, src in p["state_keeper"]["files"].items()},
-                         p["state_keeper"]["unit_path"]: "k"},
+                         p["state_keeper"]["unit_path"]: "k",
+                         # the GPU health gate: its files as shipped, its drop-in as planned
+                         **{h: hashlib.sha256(open(src, "rb").read()).hexdigest()
+                            for h, src in p["gpu_gate"]["files"].items()},
+                         p["gpu_gate"]["dropin_path"]: hashlib.sha256(p["gpu_gate"]["dropin"].encode()).hexdigest()},
         "secrets_current": True,
         "unit": {"ActiveState": "active", "SubState": "running", "NeedDaemonReload": "no"}}}
     for k, v in over.items():
@@ -126,6 +131,32 @@ def test_noop_when_everything_matches():
     got = noop.noop_check(exp, st, p, "u", "e", "k2")
     assert not got["noop"] and got["reasons"] == ["the host's state keeper is missing or differs: "
                                                   "/etc/systemd/system/deployer-state.service"]
+
+
+def test_the_gpu_gate_is_a_drop_in_outside_the_release_and_a_missing_one_is_shipped_without_a_new_release():
+    """Issue 55: the gate runs before every start systemd makes (ExecStartPre=+, root); turning it on or off, or a
+    host without it (an older deployer's), is shipped by the full path: the same release id, nothing restarted."""
+    p, st = _live()
+    exp = noop.expected_release(p, st)
+    gate = p["gpu_gate"]
+    assert gate["dropin_path"] == "/etc/systemd/system/deployer-engine.service.d/deployer-gpu-gate.conf"
+    assert gate["dropin"].splitlines()[1:] == [
+        "[Service]", 'ExecStartPre=+/usr/bin/python3 "-I" "/opt/deployer/bin/gpu-gate/gpu_gate.py" "--service" '
+        '"deployer-engine" "--since-epoch" "0"']
+    assert sorted(gate["files"]) == ["/opt/deployer/bin/gpu-gate/ansible/__init__.py",
+                                     "/opt/deployer/bin/gpu-gate/ansible/module_utils/__init__.py",
+                                     "/opt/deployer/bin/gpu-gate/ansible/module_utils/gpu_health.py",
+                                     "/opt/deployer/bin/gpu-gate/gpu_gate.py"]
+    off = make_plan(settings(gpu_gate=False, gpu_health_since_epoch=1796670000), DRAFTER)
+    assert "ExecStartPre" not in off["gpu_gate"]["dropin"] and identity.release_id(off, None) == \
+        identity.release_id(p, None) == identity.release_id(make_plan(settings(gpu_gate=True,
+                                                                                gpu_health_since_epoch=9), DRAFTER),
+                                                            None)
+    del st["probe"]["files_sha256"][gate["dropin_path"]]
+    got = noop.noop_check(exp, st, p, "u", "e", "k")
+    assert got["reasons"] == [f"the GPU health gate is missing or differs: {gate['dropin_path']}"]
+    with pytest.raises(PlanError, match="preflight_gpu_health_since_epoch"):
+        make_plan(settings(gpu_health_since_epoch=-1), DRAFTER)
 
 
 @pytest.mark.parametrize("over,unit,env,reason", [

@@ -80,7 +80,9 @@ class ActionModule(ActionBase):
                                              the_plan["secrets"]["dropin_path"]]
                                    + sorted((the_plan.get("state_keeper") or {}).get("files") or {})
                                    + ([the_plan["state_keeper"]["unit_path"]] if the_plan.get("state_keeper")
-                                      else [])}})
+                                      else [])
+                                   + sorted((the_plan.get("gpu_gate") or {}).get("files") or {})
+                                   + ([the_plan["gpu_gate"]["dropin_path"]] if the_plan.get("gpu_gate") else [])}})
         state.pop("invocation", None)          # its arguments hold the live secrets (no_log there, dropped here)
         if state.get("failed"):
             return dict(result, failed=True, msg="reading the host: " + str(state.get("msg") or state))

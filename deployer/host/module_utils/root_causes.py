@@ -17,6 +17,8 @@ except ImportError:    # the controller
 # vLLM logs "EngineCore failed to start." BEFORE the traceback that ends in the root cause.
 GENERIC_FATAL = ("engine_dead", "traceback")
 FATAL = (
+    # the deployer's own gate before every start (roles/render/files/gpu_gate): the start was refused, the unit stopped
+    ("gpu_unhealthy", re.compile(r"^deployer GPU gate: refused to start")),
     ("eagle3_interface", re.compile(r"Model does not support EAGLE3 interface|"
                                     r"does not implement set_eagle3_layers_to_capture")),
     ("cuda_oom", re.compile(r"CUDA out of memory|CUDA error: out of memory|torch\.OutOfMemoryError|OutOfMemoryError")),
@@ -80,6 +82,10 @@ def advice(kind, line, settings=None):
                 % (need.group(1) if need else settings.get("max_model_len", "?"),
                    "; vLLM estimates at most %s fit" % est.group(1) if est else "",
                    " to <= %s" % est.group(1) if est else ""))
+    if kind == "gpu_unhealthy":
+        return ("a GPU the driver has given up on: the unit was stopped instead of restarted into it; do what the line "
+                "says (reset, reboot, reseat), then deployer up (after a reset: -e "
+                "preflight_gpu_health_since_epoch=$(date +%s))")
     if kind == "checkpoint_corrupt":
         return ("a checkpoint shard is truncated or corrupt (its safetensors header does not match its size): "
                 "download it again; preflight compares every shard's size with its header")

@@ -79,7 +79,8 @@ RETURN = r"""
 gpu_health:
   description:
     - Each GPU's health for a long load (module_utils gpu_health), C(refusals) and C(warnings) lists of
-      C({gpu, what, evidence, action}), C(notes) about what could not be read.
+      C({gpu, what, evidence, action, line}), C(notes) about what could not be read, and C(gate_python) whether
+      the interpreter the gate before every start runs with (/usr/bin/python3) is there.
   returned: with model_dir
   type: dict
 smi:
@@ -380,7 +381,8 @@ def main():
         rows, events, notes = read_gpu_health(p["gpu_health_since_epoch"])
         refusals, warnings = judge(rows, events)
         res.update(
-            gpu_health=dict(refusals=refusals, warnings=warnings, notes=notes),
+            gpu_health=dict(refusals=refusals, warnings=warnings, notes=notes,
+                            gate_python=os.access("/usr/bin/python3", os.X_OK)),
             retire_units=[dict(name=n, active=run(["systemctl", "is-active", n])["stdout"].strip()) for n in others],
             smi=run(SMI_QUERY),
             service_active=run(["systemctl", "is-active", p["service_name"]])["stdout"].strip(),

@@ -177,7 +177,8 @@ def retire_units(m, names):
         m.run_command(["systemctl", "stop", name], check_rc=True)
         m.run_command(["systemctl", "disable", name])          # not enabled: nothing to undo
         dropin = os.path.join(UNIT_DIR, name + ".service.d")
-        for path in (os.path.join(UNIT_DIR, name + ".service"), os.path.join(dropin, "deployer-secrets.conf")):
+        for path in (os.path.join(UNIT_DIR, name + ".service"), os.path.join(dropin, "deployer-secrets.conf"),
+                     os.path.join(dropin, "deployer-gpu-gate.conf")):
             if os.path.lexists(path):
                 os.unlink(path)
         if os.path.isdir(dropin) and not os.listdir(dropin):
@@ -209,7 +210,8 @@ def main():
     dropin_changed = bool(p["dropin_path"]) and read(p["dropin_path"]) != p["dropin"]
     new_secrets = secrets_to_write(m, p)
     secrets_changed = bool(new_secrets) and p["secrets"] is not None
-    props = systemd_show(p["service"], ["ActiveState", "SubState", "UnitFileState"], m.run_command)
+    props = systemd_show(p["service"], ["ActiveState", "SubState", "UnitFileState", "NeedDaemonReload"],
+                         m.run_command)
     down = props.get("SubState") == "auto-restart" or props.get("ActiveState") == "failed"
     running = props.get("ActiveState") in ("active", "activating", "reloading")
     restart = unit_changed or down or ((dropin_changed or secrets_changed) and running) or (bool(retire) and running)
@@ -237,7 +239,8 @@ def main():
         write_atomic(p["dropin_path"], p["dropin"], 0o644)
     if unit_changed:
         write_atomic(p["unit_path"], new, 0o644)
-    if unit_changed or dropin_changed:
+    # NeedDaemonReload: a drop-in the render stage wrote (the GPU health gate's), which systemd reads at a reload
+    if unit_changed or dropin_changed or props.get("NeedDaemonReload") == "yes":
         m.run_command(["systemctl", "daemon-reload"], check_rc=True)
     if retire:
         # the old name's server answers on the port: its health is the old server's, and it stops first
