@@ -10,6 +10,7 @@ WHEELS = CACHE / "wheels"
 FILES = ("vllm/model_executor/models/deepseek_v2.py", "vllm/model_executor/models/kimi_k25.py",
          "vllm/config/speculative.py", "vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/llm_base_proposer.py",
          "vllm/_version.py", "vllm/version.py", "vllm/__init__.py", "vllm/envs.py",
+         "vllm/v1/spec_decode/dynamic/utils.py",
          # Model Runner V2's EAGLE speculator (the only one from 0.34 on)
          "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py", "vllm/v1/worker/gpu/spec_decode/eagle/utils.py",
          "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py")

@@ -82,6 +82,9 @@ class SGLang(Engine):
                 "TORCHINDUCTOR_CACHE_DIR": f"{server_cache}/inductor"}
 
     def refusal(self, version, speculative, drafter, s):
+        if speculative and s.get("speculation_max_batch_size"):
+            return ("speculation_max_batch_size: SGLang has no per-batch-size speculation schedule (vLLM's "
+                    "num_speculative_tokens_per_batch_size); set it to 0 to serve with SGLang")
         return sglang_argv.version_refusal(version, speculative, str((drafter or {}).get("architecture") or ""),
                                             bool(s.get("sglang_language_model_only")))
 

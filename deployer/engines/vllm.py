@@ -56,7 +56,8 @@ class VLLM(Engine):
             **{key: s.get(key) for key, _flags, _render in vllm_argv.FLAGS if key in s},
             "speculative": ({"method": "eagle3", "model": drafter["dir"],
                              "num_speculative_tokens": s["num_speculative_tokens"],
-                             "extra": s.get("speculative_extra") or {}} if drafter else {}),
+                             "extra": s.get("speculative_extra") or {},
+                             "max_batch_size": s.get("speculation_max_batch_size") or 0} if drafter else {}),
             "api_guard": identity.api_guard_module(f"{s['root'].rstrip('/')}/bin")[1],
             "extra_args": s.get("extra_args") or [],
         })

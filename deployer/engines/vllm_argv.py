@@ -23,8 +23,15 @@ LOADER_EXTRA_KEYS = {"enable_multithread_load": bool, "num_threads": int}
 SPEC_METHODS = ("eagle3",)
 
 
-def speculative_config(method: str, model: str, num_speculative_tokens: int, extra: dict | None = None) -> str:
-    """The ``--speculative-config`` JSON: compact, keys sorted, so equal configs render byte-identical."""
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+
+
+def speculative_config(method: str, model: str, num_speculative_tokens: int, extra: dict | None = None,
+                       max_batch_size: int = 0) -> str:
+    """The ``--speculative-config`` JSON: compact, keys sorted, so equal configs render byte-identical.
+    ``max_batch_size`` (N > 0): speculate only while at most N sequences run in a step - vLLM's per-batch-size
+    schedule ``[[1, N, k], [N + 1, N + 1, 0]]`` (v1/spec_decode/dynamic/utils.py: the last range's k carries on to
+    max_num_seqs); a release without it refuses the key in its own config check (extra fields forbidden)."""
     if method not in SPEC_METHODS:
         raise ServeConfigError(f"speculative method: got {method!r}, expected one of {list(SPEC_METHODS)}")
     if not isinstance(num_speculative_tokens, int) or isinstance(num_speculative_tokens, bool) \
@@ -32,7 +39,15 @@ def speculative_config(method: str, model: str, num_speculative_tokens: int, ext
         raise ServeConfigError(f"num_speculative_tokens: got {num_speculative_tokens!r}, expected an integer 1..16")
     if not model:
         raise ServeConfigError("speculative model (drafter path): empty")
+    if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 0:
+        raise ServeConfigError(f"speculation_max_batch_size: got {max_batch_size!r}, expected a count of sequences "
+                               "(0: speculate at every batch size)")
     cfg: dict[str, Any] = dict(extra or {})
+    if max_batch_size:
+        if SCHEDULE_KEY in cfg:
+            raise ServeConfigError(f"speculative_extra sets {SCHEDULE_KEY} and speculation_max_batch_size sets it "
+                                   "too: keep one")
+        cfg[SCHEDULE_KEY] = [[1, max_batch_size, num_speculative_tokens], [max_batch_size + 1, max_batch_size + 1, 0]]
     cfg.update({"method": method, "model": model, "num_speculative_tokens": num_speculative_tokens})
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
@@ -56,7 +71,7 @@ def _speculative(key, flag, sp):
     if not sp:
         return []
     return [flag, speculative_config(sp.get("method", "eagle3"), sp.get("model", ""),
-                                     sp.get("num_speculative_tokens"), sp.get("extra"))]
+                                     sp.get("num_speculative_tokens"), sp.get("extra"), sp.get("max_batch_size") or 0)]
 
 
 def _load_strategy(key, flag, v):

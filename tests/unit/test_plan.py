@@ -1,5 +1,7 @@
 """deployer/plan.py: the checks that refuse a deploy before anything changes, and what the plan decides
 for the service (user, caches, venv per patch engine).  Each test names what it guards."""
+import json
+
 import pytest
 from test_render_golden import settings
 
@@ -302,3 +304,14 @@ def test_the_installs_own_pins_name_the_venv_so_a_changed_pin_never_reinstalls_t
         make_plan(settings(install_packages=two[::-1]), drafter)["venv"]
     with pytest.raises(PlanError, match="install_overrides / install_extra_packages"):
         make_plan(settings(install_packages="torch==2.13.0"), drafter)
+
+
+def test_speculation_up_to_a_batch_size_is_vllms_schedule_and_refused_for_sglang():
+    """deployer_speculation_max_batch_size: vLLM's num_speculative_tokens_per_batch_size in the launch (tests/vllm
+    holds it to the wheels' own code); SGLang has no such schedule: refused by the plan, naming the way out."""
+    argv = make_plan(settings(speculation_max_batch_size=8), DRAFTER)["argv"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 8, 3], [9, 9, 0]]
+    with pytest.raises(PlanError, match="SGLang has no per-batch-size speculation schedule"):
+        make_plan(settings(backend="sglang", sglang_version="0.5.23", speculation_max_batch_size=8), DRAFTER)
+    make_plan(settings(backend="sglang", sglang_version="0.5.23", speculation_max_batch_size=0), DRAFTER)
