@@ -105,10 +105,11 @@ def test_a_cold_deploy_serves_kimi_k25_s_own_class_with_eagle3_and_accepts_draft
 
 
 # The second release: a changed flag (2 drafts a step), tensor parallel 2 on the two cores (one OpenMP core per rank),
-# eager as the first (no torch.compile: its loads take ~20 s instead of ~60 s, which keeps the suite's time)
+# eager as the first (no torch.compile: its loads take ~20 s instead of ~60 s, which keeps the suite's time), and
+# speculation only while one sequence runs (vLLM's per-batch-size schedule: the smoke's one request still drafts)
 SECOND = ["-e", json.dumps({"deployer_extra_args": ["--limit-mm-per-prompt", '{"vision_chunk": 0}', "--enforce-eager"],
                             "deployer_tensor_parallel_size": 2, "deployer_cpu_omp_threads_bind": "0|1",
-                            "deployer_num_speculative_tokens": 2})]
+                            "deployer_num_speculative_tokens": 2, "deployer_speculation_max_batch_size": 1})]
 
 
 def test_a_changed_flag_is_a_new_release_with_its_downtime_and_tensor_parallel_2_under_the_hardened_unit():
@@ -116,6 +117,10 @@ def test_a_changed_flag_is_a_new_release_with_its_downtime_and_tensor_parallel_2
     r = up(*SECOND)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "mean acceptance length 3.0" in flat(r.stdout)       # 2 drafts, every one accepted, + the bonus token
+    # the schedule reached the real engine's own config (its verify stage's config check took it, and the server's
+    # own record of its arguments holds it)
+    assert re.search(r"num_speculative_tokens_per_batch_size'?: \[[\[(]1, 1, 2[\])], [\[(]2, 2, 0[\])]\]",
+                     journal()), [ln for ln in journal().splitlines() if "non-default args" in ln][-1:]
     second = release()
     assert second["downtime"]["seconds"] > 0 and sh(H, "readlink /opt/deployer/current") != first
     # two workers, each with its own prefix and rank, over gloo, in the unprivileged unit
