@@ -114,9 +114,10 @@ def test_live_shard_and_graph_progress_through_real_journald(sandbox, prom):
     assert r.returncode == 0, r.stderr
     assert 'deployer_deploy_in_progress{service="deployer-engine"} 1' in seen, seen[-3000:]
     assert re.search(r'deployer_load_budget_seconds\{service="deployer-engine"\} \d', seen), seen[-3000:]
-    # (the load goes on while status asks: weights, or a phase after it)
-    assert re.search(r"load: [a-zA-Z. ]+ \d+%?.*; ETA \dm\d\ds; budget 1800 s; deploy in progress: up", flat(status)), \
-        status
+    # (the load goes on while status asks: weights, or a phase after it, with a count or without one: on a loaded
+    # machine the look landed in "KV cache sizing; 13 s in", which has none)
+    assert re.search(r"load: [a-zA-Z. ]+(?: \d+%?[^;]*)?;.*ETA \dm\d\ds; budget 1800 s; deploy in progress: up",
+                     flat(status)), status
     after = subprocess.run(["curl", "-s", f"http://{ip}:9100/metrics"], capture_output=True, text=True).stdout
     for _ in range(20):         # the keeper writes every 2 s
         if 'deployer_load_phase{phase="ready",service="deployer-engine"} 1' in after and \
