@@ -33,6 +33,12 @@ def _sha256_of(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def _shipped_differ(files, probe) -> list:
+    """The host paths of ``files`` ({path on the host: source here}) whose sha256 on the host is not the source's."""
+    have = probe.get("files_sha256") or {}
+    return [p for p, src in (files or {}).items() if have.get(p) != _sha256_of(src)]
+
+
 def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, env_sha256: str,
                keeper_unit_sha256: str | None = None) -> dict:
     """Pure: is the planned release already live and serving, exactly?  ``unit_sha256``/``env_sha256``: the
@@ -69,14 +75,12 @@ def noop_check(expected: dict, state: dict, the_plan: dict, unit_sha256: str, en
     if wrapper and (probe.get("files_sha256") or {}).get(wrapper) != line_splitter_sha256():
         reasons.append(f"the log-line wrapper {wrapper} is missing or differs from the planned one")
     keeper = the_plan.get("state_keeper") or {}
-    changed = [p for p, src in (keeper.get("files") or {}).items()
-               if (probe.get("files_sha256") or {}).get(p) != _sha256_of(src)]
+    changed = _shipped_differ(keeper.get("files"), probe)
     if changed or (keeper and (probe.get("files_sha256") or {}).get(keeper["unit_path"]) != keeper_unit_sha256):
         reasons.append("the host's state keeper is missing or differs: %s" % (", ".join(changed[:3])
                                                                              or keeper.get("unit_path")))
     gate = the_plan.get("gpu_gate") or {}
-    changed = [p for p, src in (gate.get("files") or {}).items()
-               if (probe.get("files_sha256") or {}).get(p) != _sha256_of(src)]
+    changed = _shipped_differ(gate.get("files"), probe)
     if changed or (gate and (probe.get("files_sha256") or {}).get(gate["dropin_path"]) !=
                    hashlib.sha256(gate["dropin"].encode()).hexdigest()):
         reasons.append("the GPU health gate is missing or differs: %s" % (", ".join(changed[:3])

@@ -194,6 +194,9 @@ def read(since_epoch=0):
     rc, out = _run(["nvidia-smi", "--query-gpu=" + ",".join(FIELDS), fmt])
     if rc == 0:
         rows = parse_rows(out)
+    elif "is not a valid field" not in out:       # no driver, no GPU: nothing to judge (the preflight says so)
+        rows = []
+        notes.append("nvidia-smi answered exit %d: %s" % (rc, out.strip()[:200]))
     else:
         known = [f for f in FIELDS if _run(["nvidia-smi", "--query-gpu=" + f, fmt])[0] == 0]
         rc, out = _run(["nvidia-smi", "--query-gpu=" + ",".join(known), fmt]) if known else (1, "")
