@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Write roles/*/meta/argument_specs.yml from defaults/main.yml and meta/inputs.yml, and roles/deployer/vars/main.yml
-(``deployer_settings``: every ``deployer_*`` setting as deployer/plan.py takes it) from the deployer role's defaults.
+"""Write roles/*/meta/argument_specs.yml from defaults/main.yml and meta/inputs.yml, and
+roles/deployer/vars/main/settings.yml (``deployer_settings``: every ``deployer_*`` setting as deployer/plan.py takes
+it) from the deployer role's defaults.
 
 defaults/main.yml documents every setting of a role once (the comment above a variable is its
 description; a ``# choices: a, b`` line adds choices).  meta/inputs.yml declares the role's required
@@ -60,25 +61,47 @@ def spec_for(role):
     if inputs.exists():
         options.update(yaml.safe_load(inputs.read_text()) or {})
     for name, default, desc, choices in vars_:
-        t = TYPES.get(type(default), "raw")
-        if isinstance(default, str) and "{{" in default:
-            t = "str"
-        opt = {"description": desc, "type": t, "default": default}
-        if t == "list":
-            opt["elements"] = "str" if not default or isinstance(default[0], str) else "raw"
-        if choices:
-            opt["choices"] = choices
-        options[name] = opt
+        options[name] = _setting_option(name, default, desc, choices)
+    if role.name == "deployer":
+        options.update(stage_settings())
     return {"argument_specs": {"main": {"short_description": head.split(":")[0] if head else role.name,
                                         "description": [head] if head else [], "options": options}}}
+
+
+def _setting_option(name, default, desc, choices):
+    t = TYPES.get(type(default), "raw")
+    if isinstance(default, str) and "{{" in default:
+        t = "str"
+    opt = {"description": desc, "type": t, "default": default}
+    if t == "list":
+        opt["elements"] = "str" if not default or isinstance(default[0], str) else "raw"
+    if choices:
+        opt["choices"] = choices
+    return opt
+
+
+# Every stage role's settings are validated once, before the lock and before anything changes, by the deployer
+# role's spec (the first task of every playbook): a wrong smoke_* or watch_* value would otherwise be found when its
+# stage starts, after a 25-minute load.  The playbooks import the stage roles with rolespec_validate: false (their
+# inputs are the plan's, made and checked by deployer/plan.py); each role's own spec stays whole for a role used
+# alone.
+def stage_settings():
+    out = {}
+    for role in sorted((ROOT / "roles").iterdir()):
+        if (role.name in UNVALIDATED or role.name in ("deployer", "balancer")
+                or not (role / "defaults/main.yml").exists()):
+            continue
+        for name, default, desc, choices in parse(role / "defaults/main.yml")[1]:
+            out[name] = _setting_option(name, default, f"({role.name}) {desc}", choices)
+    return out
 
 
 FILTERS = {bool: " | bool", int: " | int", float: " | float"}     # the default's type, fixed on the way in
 
 
 def settings_vars():
-    """roles/deployer/vars/main.yml: ``deployer_settings``, the ``deployer_*`` defaults without the prefix, each
-    with its default's type (a bool, int or float given as a string becomes one; strings and secrets keep theirs).
+    """roles/deployer/vars/main/settings.yml: ``deployer_settings``, the ``deployer_*`` defaults without the prefix,
+    each with its default's type (a bool, int or float given as a string becomes one; strings and secrets keep theirs).
     make_plan reads what it knows of it; release_plan the same."""
     _head, vars_ = parse(ROOT / "roles/deployer/defaults/main.yml")
     lines = ["---",
@@ -102,7 +125,7 @@ def settings_vars():
 
 def main(check=False):
     bad = []
-    path = ROOT / "roles/deployer/vars/main.yml"
+    path = ROOT / "roles/deployer/vars/main/settings.yml"
     if check and path.read_text() != settings_vars():
         bad.append(str(path.relative_to(ROOT)))
     elif not check:

@@ -11,7 +11,7 @@ import yaml
 
 from helpers import ROOT
 
-GENERATED = {"roles/deployer/vars/main.yml"}      # scripts/gen_argument_specs.py writes it from the defaults
+GENERATED = {"roles/deployer/vars/main/settings.yml"}      # scripts/gen_argument_specs.py writes it from the defaults
 
 
 def _defaults() -> dict[str, object]:

@@ -99,7 +99,7 @@ import hashlib  # noqa: E402
 
 def _live(**over):
     """A host where the planned release is live and healthy, as deployer_state's probe reports it (the GPU gate on,
-    as roles/deployer/vars/main.yml passes preflight_gpu_health's default)."""
+    as roles/deployer/vars/main/settings.yml passes preflight_gpu_health's default)."""
     p = make_plan(settings(gpu_gate=True), DRAFTER)
     exp = noop.expected_release(p, {"probe": {"venv": {"installed": True, "state": "patched",
                                                           "fingerprint": "fp1", "patches": ["P1"]}}})
