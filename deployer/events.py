@@ -115,7 +115,8 @@ class Collector:
                 res = dict(res, bad_value=True)
             if res.get("_ansible_no_log"):
                 msg = HIDDEN
-            self.failures.append(Failure(host, data.get("task", "?"), data.get("role", ""),
+            # deployer_checks: the check that refused, not the task that holds the checks
+            self.failures.append(Failure(host, res.get("check") or data.get("task", "?"), data.get("role", ""),
                                          "\n".join(map(str, msg)) if isinstance(msg, list) else str(msg),
                                          {k: res[k] for k in ("holder", "locked", "bad_value") if k in res}))
         elif kind == "runner_on_unreachable":

@@ -77,6 +77,7 @@ SET_FACT = ("ansible.builtin.set_fact", "set_fact")
 DEBUG = ("ansible.builtin.debug", "debug")
 ASSERT = ("ansible.builtin.assert", "assert")
 NOOP_CHECK = "deployer_noop_check"     # its msg, when there is nothing to do, is a note like a debug task's
+CHECKS = "deployer_checks"             # its notes, each a note like an assert's success_msg
 
 
 def fmt_seconds(s: float) -> str:
@@ -276,6 +277,9 @@ class Display:
                 self._diff(host, res["diff"])
             if action == "engine_watch" and kind == "runner_on_ok":
                 self._watch_done(host, res)
+            elif kind == "runner_on_ok" and action == CHECKS:
+                for note in res.get("notes") or []:
+                    self._note(host, stage, note)
             elif kind == "runner_on_ok" and (action in DEBUG or (action in ASSERT + (NOOP_CHECK,) and res.get("msg"))):
                 if res.get("msg") is not None and not res.get("skipped"):
                     self._note(host, stage, res["msg"])
