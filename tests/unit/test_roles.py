@@ -25,6 +25,26 @@ def test_argument_specs_match_defaults():
     assert r.returncode == 0, r.stdout
 
 
+def test_every_stage_setting_is_validated_when_the_run_starts():
+    """The deployer role's spec (its validation is the first task of every playbook) holds every stage role's
+    settings with their own type, default and choices: a wrong smoke_* value in an inventory is refused before the
+    lock, not when the smoke starts after a 25-minute load; and a playbook that skips a stage role's own validation
+    does so only for a role whose settings are there."""
+    start = yaml.safe_load((ROOT / "roles/deployer/meta/argument_specs.yml").read_text())["argument_specs"]["main"]
+    for role in WITH_DEFAULTS:
+        if role.name in ("deployer", "balancer"):    # the balancer's settings are its own play's (balancer hosts)
+            continue
+        own = yaml.safe_load((role / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+        for name in yaml.safe_load((role / "defaults/main.yml").read_text()) or {}:
+            got = start["options"].get(name)
+            assert got is not None, f"{role.name}: {name} is not validated when the run starts"
+            assert {k: got.get(k) for k in ("type", "default", "choices")} == \
+                {k: own[name].get(k) for k in ("type", "default", "choices")}, name
+    skipped = set(re.findall(r"name: (\w+)\n\s+rolespec_validate: false",
+                             "".join(p.read_text() for p in (ROOT / "playbooks").rglob("*.yml"))))
+    assert skipped and skipped <= {r.name for r in ROLES} - {"deployer", "balancer", "stage"}, skipped
+
+
 @pytest.mark.parametrize("role", WITH_DEFAULTS, ids=lambda p: p.name)
 def test_role_variables_are_prefixed_and_documented(role):
     text = (role / "defaults/main.yml").read_text()
