@@ -277,7 +277,7 @@ class Display:
                 self._diff(host, res["diff"])
             if action == "engine_watch" and kind == "runner_on_ok":
                 self._watch_done(host, res)
-            elif kind == "runner_on_ok" and action == CHECKS:
+            elif action == CHECKS:     # its notes, also those said before the check that refused
                 for note in res.get("notes") or []:
                     self._note(host, stage, note)
             elif kind == "runner_on_ok" and (action in DEBUG or (action in ASSERT + (NOOP_CHECK,) and res.get("msg"))):

@@ -17,6 +17,7 @@ BIN = Path(sys.executable).parent
 CASES = {
     "first-refusal": [
         {"name": "any", "that": "gpus | length > 0", "fail_msg": "unused"},
+        {"name": "slow", "note": "GPU 6: PCIe link x8 of x16"},
         {"name": "GPU count ({{ want }})", "that": "gpus | length == want",
          "fail_msg": "GPU count: measured {{ gpus | length }}, expected {{ want }}"},
         # never reached: its message would fail to template (an undefined variable)
@@ -55,9 +56,10 @@ def results(tmp_path_factory):
     return {case: json.loads((tmp / f"{case}.json").read_text()) for case in CASES}
 
 
-def test_the_first_refusal_is_named_and_nothing_after_it_is_evaluated(results):
+def test_the_first_refusal_is_named_with_the_notes_before_it_and_nothing_after_it_is_evaluated(results):
     res = results["first-refusal"]
     assert res["failed"] and res["check"] == "GPU count (8)" and res["msg"] == "GPU count: measured 7, expected 8", res
+    assert res["notes"] == ["GPU 6: PCIe link x8 of x16"], res      # said before the refusal, kept with it
 
 
 def test_a_loop_refuses_with_every_failing_item_and_its_index(results):

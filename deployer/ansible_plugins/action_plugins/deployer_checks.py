@@ -68,7 +68,8 @@ class ActionModule(ActionBase):
                     if note:
                         notes.append(str(note))
             if refusals:
-                return dict(result, failed=True, check=str(self._templar.template(c["name"])),
+                # the notes said before the refusal are kept: what only slows the load is said beside what refuses it
+                return dict(result, failed=True, check=str(self._templar.template(c["name"])), notes=notes,
                             msg=refusals[0] if len(refusals) == 1 and "loop" not in c else refusals)
         return dict(result, changed=False, notes=notes, msg="; ".join(notes) or "%d checks passed" % len(checks))
 

@@ -68,8 +68,8 @@ msg:
   returned: always
   type: raw
 notes:
-  description: The notes the checks said, in order (empty ones left out).
-  returned: success
+  description: The notes the checks said, in order (empty ones left out); on a refusal, those said before it.
+  returned: always
   type: list
   elements: str
 """
