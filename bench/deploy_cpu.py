@@ -13,8 +13,7 @@ run's trace lists.  The ratios to ping hold across machines; seconds do not.
 
 --ref COMMIT (repeatable) runs the same cases from a worktree of COMMIT in the same run, interleaved with this
 tree's (or only the refs: --refs-only), so that a change is measured against what it replaces on the same machine
-at the same time.  Results also go to
-bench/results/deploy_cpu.json.
+at the same time.  Results also go to bench/results/deploy_cpu.json.
 """
 import argparse
 import json

@@ -61,14 +61,14 @@ def spec_for(role):
     if inputs.exists():
         options.update(yaml.safe_load(inputs.read_text()) or {})
     for name, default, desc, choices in vars_:
-        options[name] = _setting_option(name, default, desc, choices)
+        options[name] = _setting_option(default, desc, choices)
     if role.name == "deployer":
         options.update(stage_settings())
     return {"argument_specs": {"main": {"short_description": head.split(":")[0] if head else role.name,
                                         "description": [head] if head else [], "options": options}}}
 
 
-def _setting_option(name, default, desc, choices):
+def _setting_option(default, desc, choices):
     t = TYPES.get(type(default), "raw")
     if isinstance(default, str) and "{{" in default:
         t = "str"
@@ -92,7 +92,7 @@ def stage_settings():
                 or not (role / "defaults/main.yml").exists()):
             continue
         for name, default, desc, choices in parse(role / "defaults/main.yml")[1]:
-            out[name] = _setting_option(name, default, f"({role.name}) {desc}", choices)
+            out[name] = _setting_option(default, f"({role.name}) {desc}", choices)
     return out
 
 
